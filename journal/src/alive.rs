@@ -1,0 +1,131 @@
+//! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
+
+use crate::errors::{self, UnknownTaskIn};
+use crate::pb::{AliveResult, AliveRound, DomainError, Outcome, TaskStatus};
+use crate::state::State;
+
+/// Completed rounds remembered per task set, for late readers.
+const ALIVE_RESULTS_KEPT: usize = 8;
+
+fn round_key(set: &[u32]) -> String {
+    set.iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn sorted_set(tasks: &[u32]) -> Vec<u32> {
+    let mut v = tasks.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The alive tasks a GetAliveTasks round agreed on, with their incarnations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AliveTasks {
+    /// Alive task indices, ascending.
+    pub tasks: Vec<u32>,
+    /// Their incarnations, parallel to `tasks`.
+    pub incarnations: Vec<u64>,
+}
+
+impl State {
+    /// A task joins the GetAliveTasks rendezvous over `tasks`. The outcome is
+    /// parked with `value` = the round's generation; read the answer with
+    /// [`State::alive_result`].
+    pub(crate) fn alive_tasks(&mut self, task: u32, tasks: &[u32]) -> Outcome {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::AliveTasks) {
+            return Outcome::err(e);
+        }
+        if let Some(&bad) = tasks.iter().find(|&&t| t >= self.task_count()) {
+            return Outcome::err(errors::unknown_task(
+                UnknownTaskIn::AliveTasks,
+                &bad.to_string(),
+            ));
+        }
+        let set = sorted_set(tasks);
+        if set.binary_search(&task).is_err() {
+            return Outcome::err(errors::alive_requester_not_in_set(&self.label(task)));
+        }
+        let call = self.next_call_id();
+        let key = round_key(&set);
+        let round = self.d.alive_rounds.entry(key).or_insert(AliveRound {
+            generation: 1,
+            tasks: set,
+            ..Default::default()
+        });
+        round.callers.insert(task, call);
+        let generation = round.generation;
+        self.reevaluate_alive_rounds();
+        let mut out = Outcome::parked(call);
+        out.value = generation as i64;
+        out
+    }
+
+    /// Completes every round in which all currently CONNECTED tasks of the
+    /// set have called.
+    pub(crate) fn reevaluate_alive_rounds(&mut self) {
+        let statuses: Vec<(TaskStatus, u64)> = self
+            .d
+            .tasks
+            .iter()
+            .map(|t| (t.status(), t.incarnation))
+            .collect();
+        for round in self.d.alive_rounds.values_mut() {
+            if round.callers.is_empty() {
+                continue;
+            }
+            let alive: Vec<u32> = round
+                .tasks
+                .iter()
+                .copied()
+                .filter(|&t| statuses[t as usize].0 == TaskStatus::Connected)
+                .collect();
+            if !alive.iter().all(|t| round.callers.contains_key(t)) {
+                continue;
+            }
+            let incarnations = alive.iter().map(|&t| statuses[t as usize].1).collect();
+            round.results.push(AliveResult {
+                generation: round.generation,
+                tasks: alive,
+                incarnations,
+            });
+            if round.results.len() > ALIVE_RESULTS_KEPT {
+                round.results.remove(0);
+            }
+            round.generation += 1;
+            round.callers.clear();
+        }
+    }
+
+    /// The answer of a parked GetAliveTasks over `tasks` in round
+    /// `generation`, or `None` while the round is open.
+    pub fn alive_result(
+        &self,
+        tasks: &[u32],
+        generation: u64,
+    ) -> Option<Result<AliveTasks, DomainError>> {
+        let Some(round) = self.d.alive_rounds.get(&round_key(&sorted_set(tasks))) else {
+            return Some(Err(errors::epoch_reset()));
+        };
+        if let Some(r) = round.results.iter().find(|r| r.generation == generation) {
+            return Some(Ok(AliveTasks {
+                tasks: r.tasks.clone(),
+                incarnations: r.incarnations.clone(),
+            }));
+        }
+        if round.generation == generation {
+            None
+        } else {
+            Some(Err(errors::alive_round_gone()))
+        }
+    }
+
+    /// Whether a WatchTasks call with `version` answers now: always, unless it
+    /// names the current version (then it waits for the next change). A
+    /// version from the future answers at once instead of failing.
+    pub fn watch_tasks_ready(&self, version: i64) -> bool {
+        version != self.d.tasks_version
+    }
+}

@@ -1,0 +1,441 @@
+//! Barriers (reference §3.8): instances identified by (id, counter), the
+//! participant checks, first-caller deadlines, cancel, replay of a finished
+//! result, failure when a participant errors or disconnects, and the special
+//! registration, shutdown and WaitForAllTasks barriers.
+
+use crate::errors::{self, UnknownTaskIn};
+use crate::pb::{BarrierArrive, BarrierEntry, BarrierStatus, DomainError, Outcome, TaskStatus};
+use crate::state::State;
+
+/// The registration barrier every RegisterTask joins (counter 0, all tasks).
+pub const REGISTER_BARRIER: &str = "[Init]Wait_for_all_tasks_to_register";
+
+/// The shutdown barrier of a service incarnation.
+pub fn shutdown_barrier_id(service_incarnation: u64) -> String {
+    format!("Shutdown::{service_incarnation}")
+}
+
+/// The WaitForAllTasks device-propagation barrier of a service incarnation.
+pub fn wait_all_barrier_id(service_incarnation: u64) -> String {
+    format!("WaitForAllTasks::{service_incarnation}")
+}
+
+/// A pending barrier deadline, for the leader's timers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BarrierDeadline {
+    /// Barrier id.
+    pub id: String,
+    /// Instance counter.
+    pub counter: i64,
+    /// Absolute deadline in ms.
+    pub deadline_ms: u64,
+}
+
+fn sorted_set(tasks: &[u32]) -> Vec<u32> {
+    let mut v = tasks.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl State {
+    pub(crate) fn barrier_arrive(&mut self, a: &BarrierArrive, at: u64) -> Outcome {
+        if let Err(e) = self.check_task(a.task, UnknownTaskIn::Barrier) {
+            return Outcome::err(e);
+        }
+        self.arrive(
+            &a.id,
+            a.counter,
+            Some(a.timeout_ms),
+            &a.participants,
+            &a.unknown_participant,
+            a.task,
+            at,
+        )
+    }
+
+    /// One task arrives at instance `counter` of barrier `id`. `participants`
+    /// empty means every task; `timeout_ms` None means no deadline. Returns the
+    /// result if the barrier finished (now or earlier), else parked with the
+    /// call id to wait on through [`State::barrier_result`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn arrive(
+        &mut self,
+        id: &str,
+        counter: i64,
+        timeout_ms: Option<u64>,
+        participants: &[u32],
+        unknown_participant: &str,
+        task: u32,
+        at: u64,
+    ) -> Outcome {
+        let n = self.task_count();
+        let recoverable = self.recoverable();
+        let mut counter = counter;
+
+        // 1. Which instance: the current one, a new one, or a mismatch.
+        let create = match self.d.barriers.get(id) {
+            None if counter == 0 => true,
+            None => {
+                // Upstream: the uninitialised instance (counter 0) fails.
+                let e = errors::barrier_counter_mismatch(id, counter, 0);
+                self.d.barriers.insert(
+                    id.to_string(),
+                    BarrierEntry {
+                        status: BarrierStatus::Failed as i32,
+                        error: Some(e.clone()),
+                        initiating_task: task,
+                        ..Default::default()
+                    },
+                );
+                return Outcome::err(e);
+            }
+            Some(b) => {
+                if recoverable && counter == 0 && b.counter != 0 {
+                    // A restarted recoverable task rejoins the current instance.
+                    counter = b.counter;
+                }
+                let finished = b.status() != BarrierStatus::Pending;
+                if b.counter == counter {
+                    false
+                } else if finished && counter == b.counter + 1 {
+                    true
+                } else {
+                    let e = errors::barrier_counter_mismatch(id, counter, b.counter);
+                    let current = b.counter;
+                    self.finish_barrier(id, current, Err(e.clone()), true, at);
+                    return Outcome::err(e);
+                }
+            }
+        };
+
+        if create {
+            let set = if participants.is_empty() {
+                (0..n).collect()
+            } else {
+                sorted_set(participants)
+            };
+            let previous = self.d.barriers.remove(id).map(|mut p| {
+                p.previous = None;
+                Box::new(p)
+            });
+            self.d.barriers.insert(
+                id.to_string(),
+                BarrierEntry {
+                    counter,
+                    all_tasks: participants.is_empty(),
+                    participants: set.clone(),
+                    deadline_ms: timeout_ms.map_or(0, |t| at.saturating_add(t).max(1)),
+                    previous,
+                    initiating_task: task,
+                    ..Default::default()
+                },
+            );
+            if !unknown_participant.is_empty() {
+                let e = errors::barrier_unknown_participant(id, counter, unknown_participant);
+                self.finish_barrier(id, counter, Err(e.clone()), false, at);
+                return Outcome::err(e);
+            }
+            if !recoverable {
+                for &p in &set {
+                    if self.task_status(p) == Some(TaskStatus::Error) {
+                        let existing = self.t(p).error.clone().unwrap_or_default();
+                        let e = errors::barrier_participant_already_in_error(
+                            id,
+                            counter,
+                            &self.label(p),
+                            &existing,
+                        );
+                        self.finish_barrier(id, counter, Err(e.clone()), false, at);
+                        return Outcome::err(e);
+                    }
+                }
+            }
+        }
+
+        let b = &self.d.barriers[id];
+        let mine = if participants.is_empty() {
+            (0..n).collect::<Vec<_>>()
+        } else {
+            sorted_set(participants)
+        };
+
+        // 2. A finished instance replays its result.
+        if b.status() != BarrierStatus::Pending {
+            if b.created_by_cancel {
+                // Reference quirk: cancelling an unused id leaves an empty
+                // finished instance; the first real wait fails its task check.
+                return Outcome::err(if participants.is_empty() {
+                    errors::barrier_all_vs_subset(id, counter)
+                } else {
+                    errors::barrier_conflicting_tasks(id, counter)
+                });
+            }
+            return match b.status() {
+                BarrierStatus::Passed => Outcome::value(counter),
+                _ => Outcome::err(b.error.clone().unwrap_or_default()),
+            };
+        }
+
+        // 3. The caller's arguments must agree with the instance.
+        let mismatch = if participants.is_empty() && b.participants.len() != n as usize {
+            Some(errors::barrier_all_vs_subset(id, counter))
+        } else if !unknown_participant.is_empty() || mine != b.participants {
+            Some(errors::barrier_conflicting_tasks(id, counter))
+        } else if b.participants.binary_search(&task).is_err() {
+            Some(errors::barrier_non_participant(
+                id,
+                counter,
+                &self.label(task),
+            ))
+        } else {
+            None
+        };
+        if let Some(e) = mismatch {
+            self.finish_barrier(id, counter, Err(e.clone()), false, at);
+            return Outcome::err(e);
+        }
+
+        // 4. Record the arrival; a second call of the same task supersedes the first.
+        let call = self.next_call_id();
+        let b = self.d.barriers.get_mut(id).expect("instance exists");
+        if let Some(old) = b.arrivals.insert(task, call) {
+            b.cancelled_calls
+                .insert(old, errors::barrier_duplicate_call(id, counter));
+        }
+        if b.arrivals.len() == b.participants.len() {
+            self.finish_barrier(id, counter, Ok(()), false, at);
+            let mut out = Outcome::value(counter);
+            out.call_id = call;
+            return out;
+        }
+        Outcome::parked(call)
+    }
+
+    /// Ends instance `counter` of `id` with `result`. Only a pending instance
+    /// changes, unless `overwrite` (a counter mismatch overwrites even a stored
+    /// result). Runs the special barriers' effects when a pending one ends.
+    pub(crate) fn finish_barrier(
+        &mut self,
+        id: &str,
+        counter: i64,
+        result: Result<(), DomainError>,
+        overwrite: bool,
+        at: u64,
+    ) {
+        let Some(b) = self.d.barriers.get_mut(id) else {
+            return;
+        };
+        if b.counter != counter {
+            return;
+        }
+        let was_pending = b.status() == BarrierStatus::Pending;
+        if !was_pending && !overwrite {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                b.set_status(BarrierStatus::Passed);
+                b.error = None;
+            }
+            Err(e) => {
+                b.set_status(BarrierStatus::Failed);
+                b.error = Some(e);
+            }
+        }
+        if was_pending {
+            self.on_special_barrier_done(id, at);
+        }
+    }
+
+    fn on_special_barrier_done(&mut self, id: &str, at: u64) {
+        let b = &self.d.barriers[id];
+        let passed = b.status() == BarrierStatus::Passed;
+        let error = b.error.clone().unwrap_or_default();
+        if id == REGISTER_BARRIER {
+            if passed {
+                for task in 0..self.task_count() {
+                    if let Some(inc) = self.t(task).pending_incarnation {
+                        self.connect_task(task, inc);
+                    }
+                }
+            } else {
+                let e = errors::registration_failed(&error);
+                self.set_all_tasks_error(&e, at);
+            }
+        } else if id == shutdown_barrier_id(self.d.service_incarnation) {
+            if passed {
+                for task in 0..self.task_count() {
+                    if self.t(task).status() != TaskStatus::Disconnected {
+                        self.disconnect_task(task, at);
+                    }
+                }
+            } else {
+                let e = errors::shutdown_barrier_failed(&error);
+                self.propagate_error(e.clone(), at);
+                self.set_all_tasks_error(&e, at);
+            }
+        }
+    }
+
+    /// A task that errors or disconnects leaves every pending barrier it takes
+    /// part in: the barrier fails (non-recoverable), or its call is cancelled
+    /// and its arrival forgotten (recoverable).
+    pub(crate) fn leave_ongoing_barriers(&mut self, task: u32, reason: &str, at: u64) {
+        let label = self.label(task);
+        let ongoing: Vec<(String, i64)> = self
+            .d
+            .barriers
+            .iter()
+            .filter(|(_, b)| {
+                b.status() == BarrierStatus::Pending && b.participants.binary_search(&task).is_ok()
+            })
+            .map(|(id, b)| (id.clone(), b.counter))
+            .collect();
+        let recoverable = self.recoverable();
+        for (id, counter) in ongoing {
+            if recoverable {
+                let b = self.d.barriers.get_mut(&id).expect("listed above");
+                if let Some(call) = b.arrivals.remove(&task) {
+                    let e = errors::barrier_stale_invocation(&id, counter, reason, &label);
+                    b.cancelled_calls.insert(call, e);
+                }
+            } else {
+                let e = errors::barrier_failed_because(&id, counter, reason, &label);
+                self.finish_barrier(&id, counter, Err(e), false, at);
+            }
+        }
+    }
+
+    pub(crate) fn barrier_cancel(
+        &mut self,
+        id: &str,
+        counter: i64,
+        task: u32,
+        _at: u64,
+    ) -> Outcome {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::Barrier) {
+            return Outcome::err(e);
+        }
+        let label = self.label(task);
+        match self.d.barriers.get(id) {
+            None if counter == 0 => {
+                let e = errors::barrier_cancelled(id, 0, &label);
+                self.d.barriers.insert(
+                    id.to_string(),
+                    BarrierEntry {
+                        status: BarrierStatus::Failed as i32,
+                        error: Some(e),
+                        created_by_cancel: true,
+                        initiating_task: task,
+                        ..Default::default()
+                    },
+                );
+                Outcome::ok()
+            }
+            None => Outcome::err(errors::cancel_not_current(id, counter, 0)),
+            Some(b) if b.counter != counter => {
+                Outcome::err(errors::cancel_not_current(id, counter, b.counter))
+            }
+            Some(b) if b.status() != BarrierStatus::Pending => {
+                let code = b.error.as_ref().map_or(0, |e| e.code);
+                Outcome::err(errors::cancel_already_finished(id, counter, code))
+            }
+            Some(_) => {
+                let e = errors::barrier_cancelled(id, counter, &label);
+                self.finish_barrier(id, counter, Err(e), false, _at);
+                Outcome::ok()
+            }
+        }
+    }
+
+    pub(crate) fn barrier_expire(&mut self, id: &str, counter: i64, at: u64) -> Outcome {
+        let Some(b) = self.d.barriers.get(id) else {
+            return Outcome::ok();
+        };
+        let due = b.counter == counter
+            && b.status() == BarrierStatus::Pending
+            && b.deadline_ms > 0
+            && at >= b.deadline_ms;
+        if !due {
+            return Outcome::ok();
+        }
+        let pending: Vec<String> = b
+            .participants
+            .iter()
+            .filter(|p| !b.arrivals.contains_key(p))
+            .map(|&p| self.label(p))
+            .collect();
+        let e = errors::barrier_timed_out(
+            id,
+            counter,
+            b.arrivals.len(),
+            b.participants.len(),
+            &self.label(b.initiating_task),
+            &pending,
+        );
+        self.finish_barrier(id, counter, Err(e), false, at);
+        Outcome::ok()
+    }
+
+    /// The answer of a parked barrier call (`call_id` from its outcome):
+    /// `Ok(counter)`, the error, or `None` while the instance is pending.
+    pub fn barrier_result(
+        &self,
+        id: &str,
+        counter: i64,
+        task: u32,
+        call_id: u64,
+    ) -> Option<Result<i64, DomainError>> {
+        let Some(cur) = self.d.barriers.get(id) else {
+            return Some(Err(errors::epoch_reset()));
+        };
+        let inst = if cur.counter == counter {
+            cur
+        } else {
+            match cur.previous.as_deref() {
+                Some(p) if p.counter == counter => p,
+                _ => {
+                    // A recoverable caller that rejoined with counter 0.
+                    if counter == 0 && cur.arrivals.get(&task) == Some(&call_id) {
+                        cur
+                    } else {
+                        return Some(Err(errors::barrier_instance_gone(id, counter)));
+                    }
+                }
+            }
+        };
+        if let Some(e) = inst.cancelled_calls.get(&call_id) {
+            return Some(Err(e.clone()));
+        }
+        match inst.status() {
+            BarrierStatus::Pending => None,
+            BarrierStatus::Passed => Some(Ok(inst.counter)),
+            BarrierStatus::Failed => Some(Err(inst.error.clone().unwrap_or_default())),
+        }
+    }
+
+    /// Deadlines of every pending barrier instance, for the leader's timers.
+    pub fn pending_barrier_deadlines(&self) -> Vec<BarrierDeadline> {
+        self.d
+            .barriers
+            .iter()
+            .filter(|(_, b)| b.status() == BarrierStatus::Pending && b.deadline_ms > 0)
+            .map(|(id, b)| BarrierDeadline {
+                id: id.clone(),
+                counter: b.counter,
+                deadline_ms: b.deadline_ms,
+            })
+            .collect()
+    }
+
+    /// The stored entry of a barrier id (its newest instance).
+    pub fn barrier(&self, id: &str) -> Option<&BarrierEntry> {
+        self.d.barriers.get(id)
+    }
+
+    /// Every barrier id with its newest instance.
+    pub fn barriers(&self) -> impl Iterator<Item = (&String, &BarrierEntry)> {
+        self.d.barriers.iter()
+    }
+}

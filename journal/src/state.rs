@@ -1,0 +1,412 @@
+//! `State`: the replicated truth, its `apply`, exactly-once sessions,
+//! snapshots and the state digest. The command semantics live in the sibling
+//! modules (`tasks`, `barrier`, `kv`, `alive`), each an `impl State` block.
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::errors::{self, UnknownTaskIn};
+use crate::pb::{
+    update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome, StateData,
+    TaskEntry, TaskStatus, Update,
+};
+
+/// The job name jaxlib registers its tasks under.
+pub const JAX_JOB: &str = "jax_worker";
+
+/// Default bound on the number of clients the exactly-once table remembers.
+pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
+/// Default bound on the outcomes remembered per client.
+pub const DEFAULT_MAX_OUTCOMES_PER_CLIENT: u32 = 64;
+
+/// The coordination state machine. `apply` is a pure function of the state and
+/// the update: no I/O, no clock, no randomness.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct State {
+    pub(crate) d: StateData,
+}
+
+/// A snapshot that could not be decoded.
+#[derive(Debug)]
+pub struct SnapshotError(pub String);
+
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid journal snapshot: {}", self.0)
+    }
+}
+
+impl std::error::Error for SnapshotError {}
+
+impl Outcome {
+    /// A plain success.
+    pub fn ok() -> Self {
+        Outcome::default()
+    }
+
+    /// A failure.
+    pub fn err(e: DomainError) -> Self {
+        Outcome {
+            error: Some(e),
+            ..Default::default()
+        }
+    }
+
+    /// The call waits on the state; `call_id` identifies it.
+    pub fn parked(call_id: u64) -> Self {
+        Outcome {
+            parked: true,
+            call_id,
+            ..Default::default()
+        }
+    }
+
+    /// A success carrying a number (incremented value, barrier counter).
+    pub fn value(v: i64) -> Self {
+        Outcome {
+            value: v,
+            ..Default::default()
+        }
+    }
+
+    /// A success carrying the service incarnation.
+    pub fn incarnation(inc: u64) -> Self {
+        Outcome {
+            incarnation: inc,
+            ..Default::default()
+        }
+    }
+
+    /// Whether the outcome is a failure.
+    pub fn is_err(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
+impl From<Result<Outcome, DomainError>> for Outcome {
+    fn from(r: Result<Outcome, DomainError>) -> Self {
+        r.unwrap_or_else(Outcome::err)
+    }
+}
+
+impl State {
+    /// An empty, unconfigured state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one update and returns its outcome. A retried update (same
+    /// origin) returns the recorded outcome and changes nothing else.
+    pub fn apply(&mut self, u: &Update) -> Outcome {
+        self.d.applied += 1;
+        match &u.origin {
+            None => self.apply_command(u),
+            Some(origin) => {
+                if let Some(prev) = self.recorded_outcome(origin) {
+                    return prev;
+                }
+                let out = self.apply_command(u);
+                self.record_outcome(origin, &out);
+                out
+            }
+        }
+    }
+
+    fn apply_command(&mut self, u: &Update) -> Outcome {
+        let at = u.at_ms;
+        let Some(cmd) = &u.command else {
+            return Outcome::ok();
+        };
+        match cmd {
+            Command::InitService(c) => self.init_service(c),
+            Command::ResetJobEpoch(c) => self.reset_job_epoch(c),
+            Command::RegisterTask(c) => self.register_task(c.task, c.incarnation, at),
+            Command::Heartbeat(c) => self.heartbeat(c.task, c.incarnation, at),
+            Command::TasksUnhealthy(c) => self.tasks_unhealthy(&c.tasks, at),
+            Command::ReportError(c) => self.report_error(c, at),
+            Command::PollForError(c) => self.poll_for_error(c.task, at),
+            Command::ShutdownTask(c) => self.shutdown_task(c.task, at),
+            Command::ResetTask(c) => self.reset_task(c.task, at),
+            Command::KvInsert(c) => self.kv_insert(c),
+            Command::KvDelete(c) => self.kv_delete(&c.key),
+            Command::KvIncrement(c) => self.kv_increment(&c.key, c.increment),
+            Command::BarrierArrive(c) => self.barrier_arrive(c, at),
+            Command::BarrierCancel(c) => self.barrier_cancel(&c.id, c.counter, c.task, at),
+            Command::BarrierExpire(c) => self.barrier_expire(&c.id, c.counter, at),
+            Command::AliveTasks(c) => self.alive_tasks(c.task, &c.tasks),
+            Command::WaitForAllTasks(c) => self.wait_for_all_tasks(c.task, &c.device_info, at),
+            Command::Noop(_) => Outcome::ok(),
+        }
+    }
+
+    // ------------------------------------------------------------ cluster ----
+
+    fn init_service(&mut self, c: &crate::pb::InitService) -> Outcome {
+        let config = c.config.clone().unwrap_or_default();
+        if self.d.initialized {
+            if self.d.config.as_ref() == Some(&config) {
+                return Outcome::incarnation(self.d.service_incarnation);
+            }
+            return Outcome::err(errors::config_mismatch());
+        }
+        self.d.initialized = true;
+        self.d.service_incarnation = c.service_incarnation;
+        self.install_config(config);
+        Outcome::incarnation(self.d.service_incarnation)
+    }
+
+    fn reset_job_epoch(&mut self, c: &crate::pb::ResetJobEpoch) -> Outcome {
+        let config = c
+            .config
+            .clone()
+            .or_else(|| self.d.config.clone())
+            .unwrap_or_default();
+        self.d.initialized = true;
+        self.d.epoch += 1;
+        self.d.service_incarnation = c.service_incarnation;
+        self.d.kv.clear();
+        self.d.barriers.clear();
+        self.d.propagated_error = None;
+        self.d.any_polled = false;
+        self.d.alive_rounds.clear();
+        self.install_config(config);
+        self.bump_tasks_version();
+        Outcome::incarnation(self.d.service_incarnation)
+    }
+
+    fn install_config(&mut self, config: ClusterConfig) {
+        let n: usize = config.jobs.iter().map(|j| j.count as usize).sum();
+        self.d.tasks = vec![TaskEntry::default(); n];
+        self.d.config = Some(config);
+    }
+
+    // ----------------------------------------------------------- sessions ----
+
+    fn limits(&self) -> (usize, usize) {
+        let c = self.d.config.as_ref();
+        let sessions = c.map_or(0, |c| c.max_client_sessions);
+        let outcomes = c.map_or(0, |c| c.max_outcomes_per_client);
+        let or_default = |v: u32, d: u32| if v == 0 { d } else { v } as usize;
+        (
+            or_default(sessions, DEFAULT_MAX_CLIENT_SESSIONS),
+            or_default(outcomes, DEFAULT_MAX_OUTCOMES_PER_CLIENT),
+        )
+    }
+
+    fn recorded_outcome(&mut self, o: &Origin) -> Option<Outcome> {
+        let (_, max_outcomes) = self.limits();
+        let applied = self.d.applied;
+        let s = self.d.sessions.get_mut(&o.client_id)?;
+        s.touched = applied;
+        if let Some(prev) = s.outcomes.get(&o.seq) {
+            return Some(prev.clone());
+        }
+        let oldest = s.outcomes.keys().next().copied();
+        if s.outcomes.len() >= max_outcomes && oldest.is_some_and(|k| o.seq < k) {
+            return Some(Outcome::err(errors::too_old_to_dedup(o.client_id, o.seq)));
+        }
+        None
+    }
+
+    fn record_outcome(&mut self, o: &Origin, out: &Outcome) {
+        let (max_sessions, max_outcomes) = self.limits();
+        let applied = self.d.applied;
+        let s = self.d.sessions.entry(o.client_id).or_default();
+        s.touched = applied;
+        s.outcomes.insert(o.seq, out.clone());
+        while s.outcomes.len() > max_outcomes {
+            s.outcomes.pop_first();
+        }
+        while self.d.sessions.len() > max_sessions {
+            // Evict the least recently used client (deterministic: ties by id).
+            let victim = self
+                .d
+                .sessions
+                .iter()
+                .min_by_key(|(id, s): &(&u64, &ClientSession)| (s.touched, **id))
+                .map(|(id, _)| *id);
+            match victim {
+                Some(id) => {
+                    self.d.sessions.remove(&id);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Number of clients the exactly-once table remembers.
+    pub fn session_count(&self) -> usize {
+        self.d.sessions.len()
+    }
+
+    // ------------------------------------------------ snapshots and digest ----
+
+    /// Encodes the whole state (the snapshot format).
+    pub fn encode_snapshot(&self) -> Vec<u8> {
+        self.d.encode_to_vec()
+    }
+
+    /// Decodes a snapshot produced by [`State::encode_snapshot`].
+    pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
+        let d = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
+        let n: usize = d
+            .config
+            .as_ref()
+            .map_or(0, |c| c.jobs.iter().map(|j| j.count as usize).sum());
+        if d.tasks.len() != n {
+            return Err(SnapshotError(format!(
+                "{} tasks stored but the configuration has {n}",
+                d.tasks.len()
+            )));
+        }
+        Ok(State { d })
+    }
+
+    /// SHA-256 of the canonical encoding: equal states have equal digests.
+    pub fn digest(&self) -> [u8; 32] {
+        Sha256::digest(self.encode_snapshot()).into()
+    }
+
+    /// The digest as lowercase hex.
+    pub fn digest_hex(&self) -> String {
+        self.digest().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    // -------------------------------------------------------------- reads ----
+
+    /// Whether an `InitService` has been applied.
+    pub fn is_initialized(&self) -> bool {
+        self.d.initialized
+    }
+
+    /// The service incarnation (0 before initialisation).
+    pub fn service_incarnation(&self) -> u64 {
+        self.d.service_incarnation
+    }
+
+    /// The job epoch, bumped by every `ResetJobEpoch`.
+    pub fn epoch(&self) -> u64 {
+        self.d.epoch
+    }
+
+    /// Number of updates applied (including retried ones).
+    pub fn applied_count(&self) -> u64 {
+        self.d.applied
+    }
+
+    /// The cluster configuration, if initialised.
+    pub fn config(&self) -> Option<&ClusterConfig> {
+        self.d.config.as_ref()
+    }
+
+    /// Number of tasks in the configuration.
+    pub fn task_count(&self) -> u32 {
+        self.d.tasks.len() as u32
+    }
+
+    /// Dense index of task `id` of job `job`.
+    pub fn task_index(&self, job: &str, id: i32) -> Option<u32> {
+        let mut offset = 0u32;
+        for j in &self.d.config.as_ref()?.jobs {
+            if j.name == job {
+                return (id >= 0 && (id as u32) < j.count).then_some(offset + id as u32);
+            }
+            offset += j.count;
+        }
+        None
+    }
+
+    /// (job, task id) of a dense index.
+    pub fn task_id(&self, index: u32) -> Option<(&str, i32)> {
+        let mut offset = 0u32;
+        for j in &self.d.config.as_ref()?.jobs {
+            if index < offset + j.count {
+                return Some((&j.name, (index - offset) as i32));
+            }
+            offset += j.count;
+        }
+        None
+    }
+
+    /// The TensorFlow-style name of a task: `/job:NAME/replica:0/task:ID`.
+    pub fn task_name(&self, index: u32) -> String {
+        match self.task_id(index) {
+            Some((job, id)) => task_name(job, id),
+            None => format!("/task_index:{index}"),
+        }
+    }
+
+    /// The stored entry of a task.
+    pub fn task(&self, index: u32) -> Option<&TaskEntry> {
+        self.d.tasks.get(index as usize)
+    }
+
+    /// The status of a task.
+    pub fn task_status(&self, index: u32) -> Option<TaskStatus> {
+        self.task(index).map(|t| t.status())
+    }
+
+    /// The WatchTasks version, bumped on every task-state change.
+    pub fn tasks_version(&self) -> i64 {
+        self.d.tasks_version
+    }
+
+    /// The error propagated to pollers, if any.
+    pub fn propagated_error(&self) -> Option<&DomainError> {
+        self.d.propagated_error.as_ref()
+    }
+
+    /// How messages name a task: the bare id in a jaxlib-style cluster (one
+    /// job named `jax_worker`, as jaxlib 0.12's service prints it), the
+    /// TensorFlow name `/job:NAME/replica:0/task:ID` otherwise.
+    pub fn label(&self, index: u32) -> String {
+        let jax_style = self
+            .d
+            .config
+            .as_ref()
+            .is_some_and(|c| c.jobs.len() == 1 && c.jobs[0].name == JAX_JOB);
+        match self.task_id(index) {
+            Some((_, id)) if jax_style => id.to_string(),
+            Some((job, id)) => task_name(job, id),
+            None => index.to_string(),
+        }
+    }
+
+    pub(crate) fn bump_tasks_version(&mut self) {
+        self.d.tasks_version += 1;
+    }
+
+    pub(crate) fn next_call_id(&mut self) -> u64 {
+        self.d.next_call_id += 1;
+        self.d.next_call_id
+    }
+
+    pub(crate) fn recoverable(&self) -> bool {
+        self.d.config.as_ref().is_some_and(|c| c.recoverable)
+    }
+
+    pub(crate) fn cfg(&self) -> ClusterConfig {
+        self.d.config.clone().unwrap_or_default()
+    }
+
+    pub(crate) fn check_task(&self, task: u32, call: UnknownTaskIn) -> Result<(), DomainError> {
+        if (task as usize) < self.d.tasks.len() {
+            Ok(())
+        } else {
+            Err(errors::unknown_task(call, &task.to_string()))
+        }
+    }
+
+    pub(crate) fn t(&self, task: u32) -> &TaskEntry {
+        &self.d.tasks[task as usize]
+    }
+
+    pub(crate) fn t_mut(&mut self, task: u32) -> &mut TaskEntry {
+        &mut self.d.tasks[task as usize]
+    }
+}
+
+/// `/job:NAME/replica:0/task:ID`, the TensorFlow spelling of a task.
+pub fn task_name(job: &str, id: i32) -> String {
+    format!("/job:{job}/replica:0/task:{id}")
+}

@@ -1,0 +1,443 @@
+//! Task lifecycle (reference §3.2–3.6): registration and incarnations,
+//! heartbeats, error reporting and propagation, PollForError, shutdown, reset
+//! and the TensorFlow dialect's WaitForAllTasks.
+
+use bytes::Bytes;
+
+use crate::barrier::{shutdown_barrier_id, wait_all_barrier_id, REGISTER_BARRIER};
+use crate::errors::{self, UnknownTaskIn};
+use crate::pb::{Code, DomainError, Outcome, ReportError, TaskStatus};
+use crate::state::State;
+
+/// Timeout of the WaitForAllTasks device-propagation barrier (upstream: 1 h).
+pub const WAIT_FOR_ALL_TASKS_TIMEOUT_MS: u64 = 3_600_000;
+
+/// What a heartbeat would do, decided from the state alone (the leader checks
+/// this without proposing; only [`HeartbeatCheck::Mismatch`] needs an update).
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeartbeatCheck {
+    /// Record the heartbeat.
+    Accept,
+    /// Answer OK but do not record it (recoverable task, other incarnation).
+    Ignore,
+    /// Answer with this error; nothing changes.
+    Reject(DomainError),
+    /// Incarnation mismatch of a non-recoverable task: propose a `Heartbeat`
+    /// update, which sets the task to ERROR and propagates the error.
+    Mismatch(DomainError),
+}
+
+impl State {
+    fn heartbeat_timeout_ms(&self) -> u64 {
+        self.d.config.as_ref().map_or(0, |c| c.heartbeat_timeout_ms)
+    }
+
+    /// A DISCONNECTED task is "beyond the grace period" once one heartbeat
+    /// timeout has passed since it disconnected (or if it never connected).
+    pub(crate) fn beyond_grace(&self, task: u32, now_ms: u64) -> bool {
+        let t = self.t(task);
+        t.disconnected_at_ms == 0
+            || now_ms
+                >= t.disconnected_at_ms
+                    .saturating_add(self.heartbeat_timeout_ms())
+    }
+
+    // ------------------------------------------------------ registration ----
+
+    pub(crate) fn register_task(&mut self, task: u32, incarnation: u64, at: u64) -> Outcome {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::Register) {
+            return Outcome::err(e);
+        }
+        let label = self.label(task);
+        let recoverable = self.recoverable();
+        let t = self.t(task).clone();
+        match t.status() {
+            TaskStatus::Error => {
+                let existing = t.error.clone().unwrap_or_default();
+                let may_return = recoverable
+                    && existing.status() == Code::Unavailable
+                    && existing.coordination_payload;
+                if !may_return {
+                    let e = errors::register_while_in_error(&label, &existing).from_task(task);
+                    self.set_task_error(task, e.clone(), at);
+                    self.propagate_error(e.clone(), at);
+                    return Outcome::err(e);
+                }
+                // A recoverable task whose heartbeats timed out comes back.
+                self.register_disconnected(task, incarnation, at)
+            }
+            TaskStatus::Connected => {
+                if t.incarnation == incarnation {
+                    return Outcome::incarnation(self.d.service_incarnation);
+                }
+                if recoverable {
+                    self.leave_ongoing_barriers(task, errors::LEAVE_REASON_RECONNECTED, at);
+                    self.t_mut(task).incarnation = incarnation;
+                    self.bump_tasks_version();
+                    return Outcome::incarnation(self.d.service_incarnation);
+                }
+                let e = errors::different_incarnation(&label).from_task(task);
+                self.set_task_error(task, e.clone(), at);
+                self.propagate_error(e.clone(), at);
+                Outcome::err(e)
+            }
+            TaskStatus::Disconnected => self.register_disconnected(task, incarnation, at),
+        }
+    }
+
+    fn register_disconnected(&mut self, task: u32, incarnation: u64, at: u64) -> Outcome {
+        let cfg = self.cfg();
+        let barrier_open = cfg.register_with_barrier
+            && self
+                .d
+                .barriers
+                .get(REGISTER_BARRIER)
+                .is_none_or(|b| b.status() == crate::pb::BarrierStatus::Pending);
+        if !barrier_open {
+            self.connect_task(task, incarnation);
+            return Outcome::incarnation(self.d.service_incarnation);
+        }
+        if self.t(task).pending_incarnation == Some(incarnation) {
+            // The same registration again (a retry): keep waiting.
+            return Outcome::parked(0);
+        }
+        // A newer registration supersedes a pending older one (which then
+        // answers ALREADY_EXISTS through `registration_result`).
+        self.t_mut(task).pending_incarnation = Some(incarnation);
+        let timeout = (cfg.register_timeout_ms > 0).then_some(cfg.register_timeout_ms);
+        let out = self.arrive(REGISTER_BARRIER, 0, timeout, &[], "", task, at);
+        if out.is_err() {
+            return out;
+        }
+        match self.registration_result(task, incarnation) {
+            Some(Ok(inc)) => Outcome::incarnation(inc),
+            Some(Err(e)) => Outcome::err(e),
+            None => Outcome::parked(out.call_id),
+        }
+    }
+
+    /// The answer of a parked RegisterTask of `task` with `incarnation`, or
+    /// `None` while it must keep waiting.
+    pub fn registration_result(
+        &self,
+        task: u32,
+        incarnation: u64,
+    ) -> Option<Result<u64, DomainError>> {
+        let t = self.task(task)?;
+        if t.status() == TaskStatus::Connected && t.incarnation == incarnation {
+            return Some(Ok(self.d.service_incarnation));
+        }
+        if t.pending_incarnation == Some(incarnation) {
+            return match self.d.barriers.get(REGISTER_BARRIER) {
+                Some(b) if b.status() == crate::pb::BarrierStatus::Failed => {
+                    Some(Err(b.error.clone().unwrap_or_default()))
+                }
+                Some(b) if b.status() == crate::pb::BarrierStatus::Pending => None,
+                _ => Some(Err(errors::newer_incarnation_connecting())),
+            };
+        }
+        Some(Err(errors::newer_incarnation_connecting()))
+    }
+
+    pub(crate) fn connect_task(&mut self, task: u32, incarnation: u64) {
+        let t = self.t_mut(task);
+        t.set_status(TaskStatus::Connected);
+        t.incarnation = incarnation;
+        t.pending_incarnation = None;
+        t.error = None;
+        self.bump_tasks_version();
+        self.reevaluate_alive_rounds();
+    }
+
+    // -------------------------------------------------------- heartbeats ----
+
+    /// Decides a heartbeat of `task` with `incarnation` at `now_ms`.
+    pub fn heartbeat_check(&self, task: u32, incarnation: u64, now_ms: u64) -> HeartbeatCheck {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::Heartbeat) {
+            return HeartbeatCheck::Reject(e);
+        }
+        let label = self.label(task);
+        let t = self.t(task);
+        match t.status() {
+            TaskStatus::Error => {
+                return HeartbeatCheck::Reject(errors::heartbeat_task_in_error(
+                    &label,
+                    t.error.as_ref().unwrap_or(&DomainError::default()),
+                ))
+            }
+            TaskStatus::Disconnected if self.beyond_grace(task, now_ms) => {
+                return HeartbeatCheck::Reject(errors::heartbeat_not_registered(&label))
+            }
+            _ => {}
+        }
+        if t.incarnation == incarnation {
+            HeartbeatCheck::Accept
+        } else if self.recoverable() {
+            HeartbeatCheck::Ignore
+        } else {
+            HeartbeatCheck::Mismatch(errors::heartbeat_incarnation_mismatch(
+                &label,
+                t.incarnation,
+                incarnation,
+            ))
+        }
+    }
+
+    pub(crate) fn heartbeat(&mut self, task: u32, incarnation: u64, at: u64) -> Outcome {
+        match self.heartbeat_check(task, incarnation, at) {
+            HeartbeatCheck::Accept | HeartbeatCheck::Ignore => Outcome::ok(),
+            HeartbeatCheck::Reject(e) => Outcome::err(e),
+            HeartbeatCheck::Mismatch(e) => {
+                self.set_task_error(task, e.clone(), at);
+                self.propagate_error(e.clone(), at);
+                Outcome::err(e)
+            }
+        }
+    }
+
+    pub(crate) fn tasks_unhealthy(&mut self, tasks: &[u32], at: u64) -> Outcome {
+        let mut stale = Vec::new();
+        for &task in tasks {
+            if self.task_status(task) != Some(TaskStatus::Connected) {
+                continue;
+            }
+            let label = self.label(task);
+            self.set_task_error(task, errors::heartbeat_timeout(&label), at);
+            stale.push(label);
+        }
+        if !stale.is_empty() {
+            self.propagate_error(errors::unhealthy_tasks(&stale), at);
+        }
+        Outcome::ok()
+    }
+
+    // ---------------------------------------------------- errors and polls ----
+
+    pub(crate) fn report_error(&mut self, c: &ReportError, at: u64) -> Outcome {
+        if let Err(e) = self.check_task(c.task, UnknownTaskIn::ReportError) {
+            return Outcome::err(e);
+        }
+        if self.t(c.task).status() != TaskStatus::Connected {
+            return Outcome::err(errors::report_not_connected());
+        }
+        let mut e = errors::with_payload(c.code(), c.message.clone()).from_task(c.task);
+        e.is_reported_error = true;
+        self.set_task_error(c.task, e.clone(), at);
+        self.propagate_error(e, at);
+        Outcome::ok()
+    }
+
+    /// Sets a task to ERROR (a task already in ERROR keeps its first error),
+    /// fails the barriers it takes part in and re-evaluates rendezvous.
+    pub(crate) fn set_task_error(&mut self, task: u32, e: DomainError, at: u64) {
+        if self.t(task).status() == TaskStatus::Error {
+            return;
+        }
+        let reason = errors::leave_reason_error(&e);
+        let t = self.t_mut(task);
+        t.set_status(TaskStatus::Error);
+        t.error = Some(e);
+        t.pending_incarnation = None;
+        self.bump_tasks_version();
+        self.leave_ongoing_barriers(task, &reason, at);
+        self.reevaluate_alive_rounds();
+    }
+
+    pub(crate) fn set_all_tasks_error(&mut self, e: &DomainError, at: u64) {
+        for task in 0..self.task_count() {
+            self.set_task_error(task, e.clone(), at);
+        }
+    }
+
+    /// Error propagation (§3.4): skipped in recoverable mode; delivered once to
+    /// every pending PollForError and remembered if anybody ever polled;
+    /// otherwise every task is set to ERROR.
+    pub(crate) fn propagate_error(&mut self, e: DomainError, at: u64) {
+        if self.recoverable() {
+            return;
+        }
+        if !self.d.any_polled {
+            let unheard = errors::unable_to_inform(&e);
+            self.set_all_tasks_error(&unheard, at);
+            return;
+        }
+        if self.d.propagated_error.is_some() {
+            return;
+        }
+        for t in &mut self.d.tasks {
+            if t.poll_id != 0 && t.poll_result.is_none() {
+                t.poll_result = Some(e.clone());
+            }
+        }
+        self.d.propagated_error = Some(e);
+    }
+
+    pub(crate) fn poll_for_error(&mut self, task: u32, at: u64) -> Outcome {
+        self.d.any_polled = true;
+        if let Err(e) = self.check_task(task, UnknownTaskIn::PollForError) {
+            return Outcome::err(e);
+        }
+        let label = self.label(task);
+        let t = self.t(task);
+        if t.status() == TaskStatus::Disconnected && self.beyond_grace(task, at) {
+            return Outcome::err(errors::poll_not_registered(&label));
+        }
+        if t.status() == TaskStatus::Error {
+            let existing = t.error.clone().unwrap_or_default();
+            return Outcome::err(errors::poll_task_in_error(&label, &existing));
+        }
+        if let Some(e) = &self.d.propagated_error {
+            return Outcome::err(e.clone());
+        }
+        let call = self.next_call_id();
+        let t = self.t_mut(task);
+        t.poll_id = call;
+        t.poll_result = None;
+        Outcome::parked(call)
+    }
+
+    /// The answer of a parked PollForError (`poll_id` from its outcome), or
+    /// `None` while it keeps waiting. A poll only ever ends with an error.
+    pub fn poll_result(&self, task: u32, poll_id: u64) -> Option<DomainError> {
+        let Some(t) = self.task(task) else {
+            return Some(errors::epoch_reset());
+        };
+        if t.poll_id != poll_id {
+            return Some(errors::poll_cancelled("new request from the same task"));
+        }
+        t.poll_result.clone()
+    }
+
+    // ---------------------------------------------------------- shutdown ----
+
+    /// Disconnects a task: cancels its poll, makes it leave its barriers.
+    pub(crate) fn disconnect_task(&mut self, task: u32, at: u64) {
+        let t = self.t_mut(task);
+        t.set_status(TaskStatus::Disconnected);
+        t.disconnected_at_ms = at.max(1);
+        t.error = None;
+        t.pending_incarnation = None;
+        if t.poll_id != 0 && t.poll_result.is_none() {
+            t.poll_result = Some(errors::poll_cancelled("task has disconnected."));
+        }
+        self.bump_tasks_version();
+        self.leave_ongoing_barriers(task, errors::LEAVE_REASON_DISCONNECTED, at);
+        self.reevaluate_alive_rounds();
+    }
+
+    fn uses_shutdown_barrier(&self) -> bool {
+        let cfg = self.cfg();
+        !cfg.recoverable && cfg.shutdown_timeout_ms > 0
+    }
+
+    pub(crate) fn shutdown_task(&mut self, task: u32, at: u64) -> Outcome {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::Disconnect) {
+            return Outcome::err(e);
+        }
+        let label = self.label(task);
+        if !self.uses_shutdown_barrier() {
+            if self.t(task).status() == TaskStatus::Disconnected {
+                return Outcome::err(errors::already_disconnected(&label));
+            }
+            self.disconnect_task(task, at);
+            return Outcome::ok();
+        }
+        let id = shutdown_barrier_id(self.d.service_incarnation);
+        if let Some(b) = self.d.barriers.get(&id) {
+            match b.status() {
+                crate::pb::BarrierStatus::Pending => {}
+                crate::pb::BarrierStatus::Passed => {
+                    // Replay: a task that registered again disconnects now.
+                    if self.t(task).status() == TaskStatus::Disconnected {
+                        let e = errors::already_disconnected(&label);
+                        return Outcome::err(errors::shutdown_barrier_failed(&e));
+                    }
+                    self.disconnect_task(task, at);
+                    return Outcome::ok();
+                }
+                crate::pb::BarrierStatus::Failed => {
+                    let e = b.error.clone().unwrap_or_default();
+                    return Outcome::err(errors::shutdown_barrier_failed(&e));
+                }
+            }
+        }
+        let timeout = self.cfg().shutdown_timeout_ms;
+        let mut out = self.arrive(&id, 0, Some(timeout), &[], "", task, at);
+        if let Some(e) = out.error.take() {
+            out.error = Some(errors::shutdown_barrier_failed(&e));
+        }
+        out
+    }
+
+    /// The answer of a parked ShutdownTask (`call_id` from its outcome).
+    pub fn shutdown_result(&self, task: u32, call_id: u64) -> Option<Result<(), DomainError>> {
+        let id = shutdown_barrier_id(self.d.service_incarnation);
+        self.barrier_result(&id, 0, task, call_id).map(|r| {
+            r.map(|_| ())
+                .map_err(|e| errors::shutdown_barrier_failed(&e))
+        })
+    }
+
+    pub(crate) fn reset_task(&mut self, task: u32, at: u64) -> Outcome {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::Disconnect) {
+            return Outcome::err(e);
+        }
+        if self.t(task).status() == TaskStatus::Disconnected {
+            return Outcome::err(errors::already_disconnected(&self.label(task)));
+        }
+        self.disconnect_task(task, at);
+        Outcome::ok()
+    }
+
+    // ------------------------------------------------- WaitForAllTasks (tf) ----
+
+    pub(crate) fn wait_for_all_tasks(&mut self, task: u32, info: &Bytes, at: u64) -> Outcome {
+        if let Err(e) = self.check_task(task, UnknownTaskIn::WaitForAllTasks) {
+            return Outcome::err(e);
+        }
+        // Upstream keeps the device info of a task's first call.
+        let t = self.t_mut(task);
+        if t.device_info.is_none() {
+            t.device_info = Some(info.clone());
+        }
+        let id = wait_all_barrier_id(self.d.service_incarnation);
+        self.arrive(
+            &id,
+            0,
+            Some(WAIT_FOR_ALL_TASKS_TIMEOUT_MS),
+            &[],
+            "",
+            task,
+            at,
+        )
+    }
+
+    /// The answer of a parked WaitForAllTasks (`call_id` from its outcome).
+    pub fn wait_for_all_result(&self, task: u32, call_id: u64) -> Option<Result<(), DomainError>> {
+        let id = wait_all_barrier_id(self.d.service_incarnation);
+        self.barrier_result(&id, 0, task, call_id)
+            .map(|r| r.map(|_| ()))
+    }
+
+    /// Device info of every task that sent some, ordered by job name, then
+    /// task id (the upstream aggregation order).
+    pub fn cluster_device_info(&self) -> Vec<Bytes> {
+        let mut infos: Vec<(&str, i32, Bytes)> = (0..self.task_count())
+            .filter_map(|i| {
+                let info = self.t(i).device_info.clone()?;
+                let (job, id) = self.task_id(i)?;
+                Some((job, id, info))
+            })
+            .collect();
+        infos.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        infos.into_iter().map(|(_, _, info)| info).collect()
+    }
+
+    /// Tasks CONNECTED right now with their incarnations (liveness tracking).
+    pub fn connected_tasks(&self) -> Vec<(u32, u64)> {
+        (0..self.task_count())
+            .filter(|&i| self.t(i).status() == TaskStatus::Connected)
+            .map(|i| (i, self.t(i).incarnation))
+            .collect()
+    }
+}

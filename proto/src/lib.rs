@@ -1,0 +1,70 @@
+//! The wire protocols coordstore speaks, generated at build time.
+//!
+//! * [`xla`] — `xla.coordination.CoordinationService`, the API stock jaxlib
+//!   0.12 dials (`reference/coordination_service_jaxlib_0_12.proto`).
+//! * [`tf`] — `tensorflow.CoordinationService`, the TensorFlow-era API of
+//!   seed 003, with device-info messages carried as opaque bytes.
+//! * [`payloads`] — `tensorflow.distributed_runtime.GrpcPayloadContainer`, the
+//!   container both dialects put in the `grpc-status-details-bin` trailer.
+//!
+//! Server and client stubs are generated for each service; the service crate
+//! and the agent share them.
+
+/// `xla.coordination`: messages and the `CoordinationService` stubs jaxlib 0.12 uses.
+pub mod xla {
+    tonic::include_proto!("xla.coordination");
+}
+
+/// `tensorflow`: the TensorFlow-dialect coordination messages and stubs.
+pub mod tf {
+    tonic::include_proto!("tensorflow");
+}
+
+/// `tensorflow.distributed_runtime`: the error-payload container.
+pub mod payloads {
+    tonic::include_proto!("tensorflow.distributed_runtime");
+}
+
+/// Map keys of [`payloads::GrpcPayloadContainer::payloads`] as stock clients read them.
+/// The values are serialized messages of the dialect's own package despite the
+/// `tensorflow.` in the key.
+pub mod payload_keys {
+    /// Key of the serialized `CoordinationServiceError`.
+    pub const COORDINATION_SERVICE_ERROR: &str =
+        "type.googleapis.com/tensorflow.CoordinationServiceError";
+    /// Key of the serialized `BarrierError`.
+    pub const BARRIER_ERROR: &str = "type.googleapis.com/tensorflow.BarrierError";
+    /// Key of the serialized `ServiceMismatchError`.
+    pub const SERVICE_MISMATCH_ERROR: &str = "type.googleapis.com/tensorflow.ServiceMismatchError";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn xla_field_numbers_match_the_reference() {
+        // BarrierRequest.counter is field 6 (varint): tag = 6 << 3 | 0 = 0x30.
+        let req = xla::BarrierRequest {
+            counter: 1,
+            ..Default::default()
+        };
+        assert_eq!(req.encode_to_vec(), vec![0x30, 0x01]);
+        // RegisterTaskRequest.incarnation is fixed64 field 3: tag 0x19.
+        let req = xla::RegisterTaskRequest {
+            incarnation: 7,
+            source_task_id: 0,
+        };
+        assert_eq!(req.encode_to_vec()[0], 0x19);
+    }
+
+    #[test]
+    fn tf_device_list_is_wire_compatible_with_repeated_messages() {
+        // A repeated bytes field and a repeated message field share wire type 2.
+        let list = tf::TfDeviceList {
+            devices: vec![vec![0x0a, 0x01, b'x']],
+        };
+        assert_eq!(list.encode_to_vec(), vec![0x0a, 0x03, 0x0a, 0x01, b'x']);
+    }
+}
