@@ -34,7 +34,7 @@ impl DomainError {
     }
 
     /// Attaches the source task of the CoordinationServiceError payload.
-    pub(crate) fn from_task(mut self, task: u32) -> Self {
+    pub(crate) fn with_source_task(mut self, task: u32) -> Self {
         self.coordination_payload = true;
         self.source_task = Some(task);
         self

@@ -58,7 +58,8 @@ impl State {
                     && existing.status() == Code::Unavailable
                     && existing.coordination_payload;
                 if !may_return {
-                    let e = errors::register_while_in_error(&label, &existing).from_task(task);
+                    let e =
+                        errors::register_while_in_error(&label, &existing).with_source_task(task);
                     self.set_task_error(task, e.clone(), at);
                     self.propagate_error(e.clone(), at);
                     return Outcome::err(e);
@@ -76,7 +77,7 @@ impl State {
                     self.bump_tasks_version();
                     return Outcome::incarnation(self.d.service_incarnation);
                 }
-                let e = errors::different_incarnation(&label).from_task(task);
+                let e = errors::different_incarnation(&label).with_source_task(task);
                 self.set_task_error(task, e.clone(), at);
                 self.propagate_error(e.clone(), at);
                 Outcome::err(e)
@@ -220,7 +221,7 @@ impl State {
         if self.t(c.task).status() != TaskStatus::Connected {
             return Outcome::err(errors::report_not_connected());
         }
-        let mut e = errors::with_payload(c.code(), c.message.clone()).from_task(c.task);
+        let mut e = errors::with_payload(c.code(), c.message.clone()).with_source_task(c.task);
         e.is_reported_error = true;
         self.set_task_error(c.task, e.clone(), at);
         self.propagate_error(e, at);

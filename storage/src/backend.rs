@@ -1,0 +1,278 @@
+//! The storage crate's own interface to the disk ([`Backend`]) and its sled
+//! implementation. Raft safety rests on three rules kept here: an append is
+//! durable when `log_append` returns; a durable meta write is flushed before it
+//! returns; truncate and purge are single atomic batches.
+
+use std::io;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+
+/// Durable key-value operations the log store and state machine need. sled is
+/// one implementation; another engine can replace it behind this trait.
+pub trait Backend: Send + Sync + 'static {
+    /// Writes `(index, bytes)` log records in one atomic batch and flushes.
+    fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()>;
+    /// Records with `from <= index < to`, ascending.
+    fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>>;
+    /// The record with the highest index.
+    fn log_last(&self) -> io::Result<Option<(u64, Vec<u8>)>>;
+    /// The record with the lowest index.
+    fn log_first(&self) -> io::Result<Option<(u64, Vec<u8>)>>;
+    /// Deletes every record with `index >= from` in one batch, then flushes.
+    fn log_truncate(&self, from: u64) -> io::Result<()>;
+    /// Deletes every record with `index <= upto` in one batch, then flushes.
+    fn log_purge(&self, upto: u64) -> io::Result<()>;
+    /// Reads a metadata value.
+    fn meta_get(&self, key: &str) -> io::Result<Option<Vec<u8>>>;
+    /// Writes a metadata value; with `durable` it is flushed before returning.
+    fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()>;
+    /// Flushes everything written so far.
+    fn flush(&self) -> io::Result<()>;
+    /// Notes, outside the database, that the log is committed up to `index`,
+    /// so a start-up can tell when the database lost data it had (see
+    /// [`SledBackend::committed_marker`]). May be throttled.
+    fn note_committed(&self, index: u64);
+}
+
+/// What the data dir must belong to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The cluster this data belongs to.
+    pub cluster_id: String,
+    /// The node this data belongs to.
+    pub node_id: u64,
+}
+
+/// A data dir that cannot be used, with the path and the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("data dir {path}: {reason}")]
+pub struct OpenError {
+    /// The data dir.
+    pub path: PathBuf,
+    /// Why it cannot be used.
+    pub reason: String,
+}
+
+impl OpenError {
+    pub(crate) fn new(path: &Path, reason: impl Into<String>) -> Self {
+        OpenError {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+}
+
+const IDENTITY_KEY: &str = "identity";
+
+/// sled: one database per node, trees `log` (big-endian u64 keys) and `meta`.
+pub struct SledBackend {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+    marker_path: PathBuf,
+    marker: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
+}
+
+/// File beside the database holding the highest committed index noted.
+const MARKER_FILE: &str = "COMMITTED";
+/// How often the committed marker is rewritten at most.
+const MARKER_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl SledBackend {
+    /// Opens (or creates) the database in `dir` with a bounded page cache and
+    /// checks it belongs to `identity`. A dir with foreign, corrupted or
+    /// unidentified data is refused; it is never silently started empty.
+    pub fn open(dir: &Path, cache_bytes: u64, identity: &Identity) -> Result<Self, OpenError> {
+        let fresh = match std::fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(e) => return Err(OpenError::new(dir, format!("cannot read it: {e}"))),
+        };
+        let has_db = dir.join("conf").is_file() && dir.join("db").is_file();
+        if !fresh && !has_db {
+            // (A dir holding only our committed marker has lost its database.)
+            return Err(OpenError::new(
+                dir,
+                "it holds files but no coordstore (sled) database; refusing to start over them",
+            ));
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| OpenError::new(dir, format!("cannot create it: {e}")))?;
+        let config = sled::Config::new().path(dir).cache_capacity(cache_bytes);
+        // sled can panic on some corruptions; a refused start is the answer.
+        let opened = std::panic::catch_unwind(AssertUnwindSafe(|| config.open()));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => {
+                return Err(OpenError::new(
+                    dir,
+                    format!("the database is corrupted or truncated: {e}"),
+                ))
+            }
+            Err(_) => {
+                return Err(OpenError::new(
+                    dir,
+                    "the database is corrupted or truncated: sled panicked while opening it",
+                ))
+            }
+        };
+        let tree = |name: &str| {
+            db.open_tree(name)
+                .map_err(|e| OpenError::new(dir, format!("cannot open tree {name}: {e}")))
+        };
+        let backend = SledBackend {
+            log: tree("log")?,
+            meta: tree("meta")?,
+            db,
+            marker_path: dir.join(MARKER_FILE),
+            marker: std::sync::Mutex::new((0, None)),
+        };
+        backend.check_identity(dir, identity, fresh)?;
+        Ok(backend)
+    }
+
+    /// The committed index noted in the marker file (0 if none). sled silently
+    /// recovers a prefix of a truncated database, so the marker is how a
+    /// start-up notices that flushed data is gone. It is written without
+    /// fsync: after a power loss it can only be older, never newer.
+    pub fn committed_marker(&self) -> u64 {
+        std::fs::read_to_string(&self.marker_path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn check_identity(&self, dir: &Path, want: &Identity, fresh: bool) -> Result<(), OpenError> {
+        let io = |e: io::Error| OpenError::new(dir, format!("cannot read metadata: {e}"));
+        match self.meta_get(IDENTITY_KEY).map_err(io)? {
+            Some(raw) => {
+                let text = String::from_utf8(raw)
+                    .map_err(|_| OpenError::new(dir, "the identity record is corrupted"))?;
+                let (node, cluster) = text
+                    .split_once('@')
+                    .ok_or_else(|| OpenError::new(dir, "the identity record is corrupted"))?;
+                let node: u64 = node
+                    .parse()
+                    .map_err(|_| OpenError::new(dir, "the identity record is corrupted"))?;
+                if node != want.node_id || cluster != want.cluster_id {
+                    return Err(OpenError::new(
+                        dir,
+                        format!(
+                            "it belongs to node {node} of cluster '{cluster}', not node {} of cluster '{}'",
+                            want.node_id, want.cluster_id
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            None => {
+                let empty = self.log.is_empty() && self.meta.is_empty();
+                if !fresh && !empty {
+                    return Err(OpenError::new(
+                        dir,
+                        "it holds a database without an identity record (not written by coordstore)",
+                    ));
+                }
+                let record = format!("{}@{}", want.node_id, want.cluster_id);
+                self.meta_put(IDENTITY_KEY, record.as_bytes(), true)
+                    .map_err(|e| OpenError::new(dir, format!("cannot write identity: {e}")))
+            }
+        }
+    }
+}
+
+fn key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn index_of(k: &[u8]) -> io::Result<u64> {
+    let arr: [u8; 8] = k
+        .try_into()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "log key is not 8 bytes"))?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+fn record(r: sled::Result<(sled::IVec, sled::IVec)>) -> io::Result<(u64, Vec<u8>)> {
+    let (k, v) = r?;
+    Ok((index_of(&k)?, v.to_vec()))
+}
+
+impl Backend for SledBackend {
+    fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()> {
+        let mut batch = sled::Batch::default();
+        for (i, bytes) in records {
+            batch.insert(&key(*i), bytes.as_slice());
+        }
+        self.log.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        self.log.range(key(from)..key(to)).map(record).collect()
+    }
+
+    fn log_last(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
+        self.log.last()?.map(|kv| record(Ok(kv))).transpose()
+    }
+
+    fn log_first(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
+        self.log.first()?.map(|kv| record(Ok(kv))).transpose()
+    }
+
+    fn log_truncate(&self, from: u64) -> io::Result<()> {
+        let mut batch = sled::Batch::default();
+        for k in self.log.range(key(from)..).keys() {
+            batch.remove(k?);
+        }
+        self.log.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn log_purge(&self, upto: u64) -> io::Result<()> {
+        let mut batch = sled::Batch::default();
+        for k in self.log.range(..=key(upto)).keys() {
+            batch.remove(k?);
+        }
+        self.log.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn meta_get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
+        Ok(self.meta.get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()> {
+        self.meta.insert(key, value)?;
+        if durable {
+            self.db.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn note_committed(&self, index: u64) {
+        let mut m = self.marker.lock().unwrap_or_else(|p| p.into_inner());
+        let due = m.1.is_none_or(|t| t.elapsed() >= MARKER_INTERVAL);
+        if index <= m.0 || !due {
+            return;
+        }
+        let tmp = self.marker_path.with_extension("tmp");
+        let written = std::fs::write(&tmp, index.to_string())
+            .and_then(|()| std::fs::rename(&tmp, &self.marker_path));
+        if let Err(e) = written {
+            tracing::warn!(path = %self.marker_path.display(), "cannot write the committed marker: {e}");
+            return;
+        }
+        *m = (index, Some(std::time::Instant::now()));
+    }
+}

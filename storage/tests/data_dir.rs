@@ -1,0 +1,156 @@
+#![allow(clippy::result_large_err)]
+//! A data dir that is foreign, corrupted or not ours is refused with an error
+//! naming the path and the reason; a good one reopens with its state.
+
+use std::io::Cursor;
+use std::path::Path;
+
+use journal::pb::{update::Command, KvInsert, UpdateBatch};
+use journal::Update;
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder};
+use storage::{Entry, Identity, Proposal};
+use tempfile::TempDir;
+
+fn id(cluster: &str, node: u64) -> Identity {
+    Identity {
+        cluster_id: cluster.into(),
+        node_id: node,
+    }
+}
+
+fn open_err(dir: &Path, identity: &Identity) -> String {
+    match storage::open(dir, 8 << 20, identity) {
+        Ok(_) => panic!("{} was accepted", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn kv_entry(index: u64, key: &str) -> Entry {
+    let u = Update {
+        command: Some(Command::KvInsert(KvInsert {
+            key: key.into(),
+            value: "v".into(),
+            allow_overwrite: true,
+        })),
+        ..Default::default()
+    };
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Proposal(UpdateBatch { updates: vec![u] })),
+    }
+}
+
+#[test]
+fn another_nodes_dir_is_refused() {
+    let dir = TempDir::new().unwrap();
+    drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
+    let err = open_err(dir.path(), &id("c1", 2));
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    assert!(err.contains("belongs to node 1 of cluster 'c1'"), "{err}");
+}
+
+#[test]
+fn another_clusters_dir_is_refused() {
+    let dir = TempDir::new().unwrap();
+    drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
+    let err = open_err(dir.path(), &id("c2", 1));
+    assert!(
+        err.contains("of cluster 'c1', not node 1 of cluster 'c2'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_dir_with_other_files_is_refused() {
+    let dir = TempDir::new().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(err.contains("no coordstore (sled) database"), "{err}");
+    // Nothing was created over the foreign data.
+    assert!(!dir.path().join("db").exists());
+}
+
+#[test]
+fn a_truncated_database_is_refused() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            // Enough entries that the database file spans several segments.
+            for i in 1..=200u64 {
+                let big = "k".repeat(2000) + &i.to_string();
+                let e = kv_entry(i, &big);
+                log.write_entries([e]).await.unwrap();
+            }
+            let committed = LogId::new(CommittedLeaderId::new(1, 1), 200);
+            log.save_committed(Some(committed)).await.unwrap();
+        });
+    }
+    let db = dir.path().join("db");
+    let len = std::fs::metadata(&db).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
+    f.set_len(len / 3).unwrap();
+    drop(f);
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    assert!(
+        err.contains("corrupted")
+            || err.contains("lost data")
+            || err.contains("without an identity"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_corrupted_snapshot_is_refused() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        drop(log);
+    }
+    {
+        // Overwrite the snapshot record with garbage through sled itself.
+        let db = sled::open(dir.path()).unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("snapshot", &b"\xff\xff garbage"[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(err.contains("snapshot record is corrupted"), "{err}");
+}
+
+#[tokio::test]
+async fn state_is_rebuilt_from_snapshot_plus_log() {
+    let dir = TempDir::new().unwrap();
+    let digest;
+    {
+        let (log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        let entries: Vec<Entry> = (1..=20).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+        for e in &entries {
+            log.write_entries([e.clone()]).await.unwrap();
+        }
+        sm.apply(entries[..10].to_vec()).await.unwrap();
+        let mut b = sm.get_snapshot_builder().await;
+        b.build_snapshot().await.unwrap();
+        sm.apply(entries[10..].to_vec()).await.unwrap();
+        digest = sm.handle().digest_hex();
+    }
+    let (mut log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    // The snapshot brings the first 10; replaying the log after it the rest.
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.unwrap().index, 10);
+    let rest = log.try_get_log_entries(11..=20).await.unwrap();
+    assert_eq!(rest.len(), 10);
+    sm.apply(rest).await.unwrap();
+    assert_eq!(sm.handle().digest_hex(), digest);
+    assert!(sm.handle().read(|s| s.kv_get("k20").is_some()));
+    let snap = sm.get_current_snapshot().await.unwrap().unwrap();
+    let restored =
+        journal::State::decode_snapshot(&Cursor::new(snap.snapshot.into_inner()).into_inner())
+            .unwrap();
+    assert!(restored.kv_get("k10").is_some() && restored.kv_get("k11").is_none());
+}
