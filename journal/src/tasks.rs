@@ -238,7 +238,8 @@ impl State {
         let t = self.t_mut(task);
         t.set_status(TaskStatus::Error);
         t.error = Some(e);
-        t.pending_incarnation = None;
+        // `pending_incarnation` stays: a registration waiting at a barrier
+        // that now fails must still find its answer (the barrier's error).
         self.bump_tasks_version();
         self.leave_ongoing_barriers(task, &reason, at);
         self.reevaluate_alive_rounds();

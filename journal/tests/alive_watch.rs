@@ -1,0 +1,110 @@
+//! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
+mod common;
+use common::*;
+use journal::{AliveTasks, Code, TaskStatus};
+
+#[test]
+fn requester_outside_the_set_is_invalid_argument_without_payload() {
+    let mut s = cluster(3, Opts::default());
+    let e = err(
+        &apply(&mut s, alive(2, &[0, 1]), 2000),
+        Code::InvalidArgument,
+    );
+    contains(
+        &e,
+        "Requesting task 2 is not one of the tasks specified in a GetAliveTasks request.",
+    );
+    assert!(!e.coordination_payload);
+}
+
+#[test]
+fn alive_tasks_is_a_rendezvous_of_connected_tasks() {
+    let mut s = cluster(3, Opts::default());
+    let a = apply(&mut s, alive(0, &[1, 0]), 2000);
+    parked(&a);
+    let gen = a.value as u64;
+    assert_eq!(s.alive_result(&[0, 1], gen), None);
+    let b = apply(&mut s, alive(1, &[0, 1]), 2100);
+    assert_eq!(b.value as u64, gen, "same round");
+    let expected = AliveTasks {
+        tasks: vec![0, 1],
+        incarnations: vec![tinc(0), tinc(1)],
+    };
+    assert_eq!(s.alive_result(&[1, 0], gen), Some(Ok(expected.clone())));
+    assert_eq!(s.alive_result(&[0, 1], gen), Some(Ok(expected)));
+    // A new round starts with the next generation.
+    let c = apply(&mut s, alive(0, &[0, 1]), 2200);
+    assert_eq!(c.value as u64, gen + 1);
+    assert_eq!(s.alive_result(&[0, 1], gen + 1), None);
+}
+
+#[test]
+fn pending_alive_round_finishes_when_a_task_errors() {
+    let mut s = cluster(3, Opts::default());
+    parked(&apply(&mut s, poll(0), 1500));
+    let a = apply(&mut s, alive(0, &[0, 1, 2]), 2000);
+    let gen = a.value as u64;
+    parked(&apply(&mut s, alive(1, &[0, 1, 2]), 2000));
+    assert_eq!(s.alive_result(&[0, 1, 2], gen), None);
+    ok(&apply(&mut s, unhealthy(&[2]), 3000));
+    assert_eq!(
+        s.alive_result(&[0, 1, 2], gen),
+        Some(Ok(AliveTasks {
+            tasks: vec![0, 1],
+            incarnations: vec![tinc(0), tinc(1)],
+        }))
+    );
+}
+
+#[test]
+fn pending_alive_round_finishes_when_a_task_disconnects() {
+    let mut s = cluster(3, Opts::no_shutdown_barrier());
+    let gen = apply(&mut s, alive(0, &[0, 2]), 2000).value as u64;
+    ok(&apply(&mut s, shutdown(2), 2100));
+    let r = s.alive_result(&[0, 2], gen).unwrap().unwrap();
+    assert_eq!(r.tasks, vec![0]);
+    assert_eq!(r.incarnations, vec![tinc(0)]);
+}
+
+#[test]
+fn disconnected_tasks_are_not_waited_for() {
+    let mut s = cluster(3, Opts::no_shutdown_barrier());
+    ok(&apply(&mut s, shutdown(1), 1500));
+    let out = apply(&mut s, alive(0, &[0, 1]), 2000);
+    assert!(!out.is_err());
+    let r = s.alive_result(&[0, 1], out.value as u64).unwrap().unwrap();
+    assert_eq!(r.tasks, vec![0]);
+}
+
+#[test]
+fn watch_tasks_answers_old_and_future_versions_and_waits_on_current() {
+    let s = cluster(2, Opts::default());
+    let v = s.tasks_version();
+    assert!(v > 0, "registration bumped the version");
+    assert!(s.watch_tasks_ready(-1));
+    assert!(s.watch_tasks_ready(v - 1));
+    assert!(!s.watch_tasks_ready(v));
+    assert!(s.watch_tasks_ready(v + 5), "future version answers at once");
+}
+
+#[test]
+fn watch_version_bumps_on_every_task_state_change() {
+    let mut s = new_state(2, &Opts::no_shutdown_barrier());
+    let v0 = s.tasks_version();
+    parked(&apply(&mut s, register(0, 1), 10));
+    ok(&apply(&mut s, register(1, 2), 10));
+    let v1 = s.tasks_version();
+    assert!(v1 > v0);
+    assert!(s.watch_tasks_ready(v0));
+    parked(&apply(&mut s, poll(0), 20));
+    ok(&apply(&mut s, report(1, Code::Internal, "x"), 30));
+    let v2 = s.tasks_version();
+    assert!(v2 > v1);
+    ok(&apply(&mut s, shutdown(0), 40));
+    assert!(s.tasks_version() > v2);
+    // Non-state changes do not bump it.
+    let v3 = s.tasks_version();
+    ok(&apply(&mut s, insert("k", "v", false), 50));
+    assert_eq!(s.tasks_version(), v3);
+    assert_eq!(s.task_status(0), Some(TaskStatus::Disconnected));
+}

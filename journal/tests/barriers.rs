@@ -1,0 +1,399 @@
+//! Barriers (reference §3.8).
+mod common;
+use common::*;
+use journal::pb::BarrierStatus;
+use journal::{Code, DomainError, State};
+
+#[track_caller]
+fn failed(s: &State, id: &str, counter: i64, task: u32, call: u64) -> DomainError {
+    s.barrier_result(id, counter, task, call)
+        .expect("answered")
+        .expect_err("failed")
+}
+
+#[track_caller]
+fn barrier_payload(e: &DomainError, id: &str, counter: i64) {
+    assert!(e.coordination_payload, "{e:?}");
+    let b = e.barrier.as_ref().expect("BarrierError payload");
+    assert_eq!((b.id.as_str(), b.counter), (id, counter));
+}
+
+#[test]
+fn barrier_over_all_tasks_passes_when_last_arrives() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    assert_eq!(s.barrier_result("b", 0, 0, c0), None);
+    let out = apply(&mut s, arrive("b", 0, 60_000, &[], 2), 2000);
+    ok(&out);
+    assert_eq!(out.value, 0);
+    assert_eq!(s.barrier_result("b", 0, 0, c0), Some(Ok(0)));
+    assert_eq!(s.barrier_result("b", 0, 1, c1), Some(Ok(0)));
+    let b = s.barrier("b").unwrap();
+    assert_eq!(b.status(), BarrierStatus::Passed);
+    assert!(b.all_tasks);
+    assert_eq!(b.participants, vec![0, 1, 2]);
+    assert!(s.pending_barrier_deadlines().is_empty());
+}
+
+#[test]
+fn next_counter_creates_a_new_instance_and_returns_its_counter() {
+    let mut s = cluster(2, Opts::default());
+    for c in 0..3i64 {
+        let p = parked(&apply(&mut s, arrive("b", c, 60_000, &[], 0), 2000));
+        let out = apply(&mut s, arrive("b", c, 60_000, &[], 1), 2000);
+        ok(&out);
+        assert_eq!(out.value, c);
+        assert_eq!(s.barrier_result("b", c, 0, p), Some(Ok(c)));
+        assert_eq!(s.barrier("b").unwrap().counter, c);
+    }
+}
+
+#[test]
+fn finished_instance_replays_its_result() {
+    let mut s = cluster(2, Opts::default());
+    parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    let again = apply(&mut s, arrive("b", 0, 60_000, &[], 0), 3000);
+    ok(&again);
+    assert_eq!(again.value, 0);
+    // A failed instance replays its error.
+    parked(&apply(&mut s, arrive("t", 0, 100, &[], 0), 2000));
+    ok(&apply(&mut s, expire("t", 0), 2100));
+    let e = err(
+        &apply(&mut s, arrive("t", 0, 100, &[], 1), 3000),
+        Code::DeadlineExceeded,
+    );
+    contains(&e, "Barrier timed out. Id: t::0.");
+    barrier_payload(&e, "t", 0);
+}
+
+#[test]
+fn counter_on_unused_id_is_internal_mismatch() {
+    let mut s = cluster(2, Opts::default());
+    let e = err(
+        &apply(&mut s, arrive("b", 3, 60_000, &[], 0), 2000),
+        Code::Internal,
+    );
+    contains(&e, "Barrier (b::3) is invoked by the task, but the service thinks it is the 0-th instance. The service or task probably restarted");
+    barrier_payload(&e, "b", 0);
+}
+
+#[test]
+fn counter_mismatch_fails_the_current_pending_instance() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 2, 60_000, &[], 1), 2000),
+        Code::Internal,
+    );
+    contains(&e, "the service thinks it is the 0-th instance");
+    // The waiter gets the same error.
+    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Failed);
+    // Next instance while the current is pending is a mismatch too.
+    parked(&apply(&mut s, arrive("c", 0, 60_000, &[], 0), 2000));
+    let e = err(
+        &apply(&mut s, arrive("c", 1, 60_000, &[], 1), 2000),
+        Code::Internal,
+    );
+    contains(
+        &e,
+        "Barrier (c::1) is invoked by the task, but the service thinks it is the 0-th instance",
+    );
+}
+
+#[test]
+fn counter_mismatch_overwrites_a_passed_result() {
+    let mut s = cluster(2, Opts::default());
+    for c in 0..2 {
+        parked(&apply(&mut s, arrive("b", c, 60_000, &[], 0), 2000));
+        ok(&apply(&mut s, arrive("b", c, 60_000, &[], 1), 2000));
+    }
+    let e = err(
+        &apply(&mut s, arrive("b", 5, 60_000, &[], 0), 3000),
+        Code::Internal,
+    );
+    contains(
+        &e,
+        "the service thinks it is the 1-th instance. One task is probably way too quick / slow",
+    );
+    barrier_payload(&e, "b", 1);
+    let replay = err(
+        &apply(&mut s, arrive("b", 1, 60_000, &[], 1), 3000),
+        Code::Internal,
+    );
+    assert_eq!(replay, e);
+}
+
+#[test]
+fn subset_barrier_needs_only_its_participants() {
+    let mut s = cluster(4, Opts::default());
+    let c = parked(&apply(&mut s, arrive("s", 0, 60_000, &[3, 1], 1), 2000));
+    let b = s.barrier("s").unwrap();
+    assert!(!b.all_tasks);
+    assert_eq!(b.participants, vec![1, 3]);
+    let out = apply(&mut s, arrive("s", 0, 60_000, &[1, 3], 3), 2000);
+    ok(&out);
+    assert_eq!(s.barrier_result("s", 0, 1, c), Some(Ok(0)));
+}
+
+#[test]
+fn unknown_participant_is_invalid_argument_and_fails_instance() {
+    let mut s = cluster(2, Opts::default());
+    let e = err(
+        &apply(&mut s, arrive_unknown("b", 0, &[0], "7", 0), 2000),
+        Code::InvalidArgument,
+    );
+    contains(
+        &e,
+        "Unexpected task (7) that is not in the cluster called the barrier. Barrier Id: b::0",
+    );
+    barrier_payload(&e, "b", 0);
+    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Failed);
+}
+
+#[test]
+fn unknown_calling_task_is_invalid_argument() {
+    let mut s = cluster(2, Opts::default());
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 1000, &[], 9), 2000),
+        Code::InvalidArgument,
+    );
+    contains(
+        &e,
+        "Unexpected task (9) that is not in the cluster called the barrier.",
+    );
+    assert!(s.barrier("b").is_none());
+}
+
+#[test]
+fn conflicting_task_sets_fail_the_instance_for_all_waiters() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[0, 1, 2], 1), 2000),
+        Code::InvalidArgument,
+    );
+    contains(
+        &e,
+        "Conflicting tasks specified by different processes for the same barrier: b::0.",
+    );
+    barrier_payload(&e, "b", 0);
+    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+}
+
+#[test]
+fn all_tasks_versus_explicit_subset_is_invalid_argument() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000),
+        Code::InvalidArgument,
+    );
+    contains(&e, "b::0: No tasks were specified by the client, which implies that the entire cluster is participating in the barrier. However, the service disagrees.");
+    barrier_payload(&e, "b", 0);
+    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+}
+
+#[test]
+fn subset_against_all_tasks_instance_is_conflicting() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 1), 2000),
+        Code::InvalidArgument,
+    );
+    contains(&e, "Conflicting tasks");
+    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+}
+
+#[test]
+fn non_participating_caller_is_invalid_argument() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 2), 2000),
+        Code::InvalidArgument,
+    );
+    contains(&e, "A non-participating task (2) called the barrier: b::0");
+    barrier_payload(&e, "b", 0);
+    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+}
+
+#[test]
+fn deadline_is_set_by_first_caller_and_timeout_fails_all_waiters() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
+    let c1 = parked(&apply(&mut s, arrive("b", 0, 10_000, &[], 1), 2500));
+    let d = s.pending_barrier_deadlines();
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        (d[0].id.as_str(), d[0].counter, d[0].deadline_ms),
+        ("b", 0, 3000)
+    );
+    // Too early, or the wrong counter: nothing happens.
+    ok(&apply(&mut s, expire("b", 0), 2999));
+    ok(&apply(&mut s, expire("b", 1), 5000));
+    assert_eq!(s.barrier_result("b", 0, 0, c0), None);
+    ok(&apply(&mut s, expire("b", 0), 3000));
+    let e = failed(&s, "b", 0, 0, c0);
+    code_is(&e, Code::DeadlineExceeded);
+    contains(&e, "Barrier timed out. Id: b::0.");
+    contains(&e, "# of tasks that reached the barrier: 2/3.");
+    contains(
+        &e,
+        "The first task at the barrier: 0. Some timed out task names:\n2\n",
+    );
+    barrier_payload(&e, "b", 0);
+    assert_eq!(failed(&s, "b", 0, 1, c1), e);
+}
+
+#[test]
+fn same_task_arriving_twice_cancels_its_earlier_call() {
+    let mut s = cluster(2, Opts::default());
+    let first = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let second = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2100));
+    let e = failed(&s, "b", 0, 0, first);
+    code_is(&e, Code::Cancelled);
+    contains(
+        &e,
+        "Cancelled because there's a more recent barrier call for b::0 from the same task.",
+    );
+    assert!(!e.coordination_payload);
+    assert!(e.barrier.is_none());
+    // The duplicate did not count as a second arrival.
+    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Pending);
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
+    assert_eq!(s.barrier_result("b", 0, 0, second), Some(Ok(0)));
+}
+
+#[test]
+fn participant_already_in_error_fails_new_instance_immediately() {
+    let mut s = cluster(3, Opts::default());
+    parked(&apply(&mut s, poll(0), 1500));
+    ok(&apply(&mut s, report(2, Code::Internal, "dead"), 1600));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000),
+        Code::Internal,
+    );
+    contains(&e, "Task (2) is already in error before the barrier was called. Barrier Id: b::0 Task error: INTERNAL: dead");
+    barrier_payload(&e, "b", 0);
+    // A subset without the failed task is unaffected.
+    parked(&apply(&mut s, arrive("s", 0, 60_000, &[0, 1], 0), 2000));
+    ok(&apply(&mut s, arrive("s", 0, 60_000, &[0, 1], 1), 2000));
+}
+
+#[test]
+fn participant_erroring_while_pending_fails_barrier_for_all() {
+    let mut s = cluster(3, Opts::default());
+    parked(&apply(&mut s, poll(0), 1500));
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    ok(&apply(&mut s, unhealthy(&[2]), 3000));
+    let e = failed(&s, "b", 0, 0, c0);
+    code_is(&e, Code::Internal);
+    contains(
+        &e,
+        "Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 2 heartbeat timeout.",
+    );
+    barrier_payload(&e, "b", 0);
+    assert_eq!(failed(&s, "b", 0, 1, c1), e);
+}
+
+#[test]
+fn participant_disconnecting_while_pending_fails_barrier() {
+    let mut s = cluster(3, Opts::no_shutdown_barrier());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
+    let other = parked(&apply(&mut s, arrive("o", 0, 60_000, &[0, 2], 0), 2000));
+    ok(&apply(&mut s, shutdown(1), 2100));
+    let e = failed(&s, "b", 0, 0, c0);
+    code_is(&e, Code::Internal);
+    contains(&e, "task disconnected");
+    assert_eq!(s.barrier_result("o", 0, 0, other), None);
+}
+
+#[test]
+fn cancel_fails_pending_instance_for_all_waiters() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    ok(&apply(&mut s, cancel("b", 0, 1), 2100));
+    let e = failed(&s, "b", 0, 0, c0);
+    code_is(&e, Code::Cancelled);
+    contains(&e, "Barrier (b::0) is cancelled by task: 1");
+    barrier_payload(&e, "b", 0);
+    assert_eq!(failed(&s, "b", 0, 1, c1), e);
+    // Cancelling the finished instance is FAILED_PRECONDITION.
+    let e = err(
+        &apply(&mut s, cancel("b", 0, 1), 2200),
+        Code::FailedPrecondition,
+    );
+    contains(
+        &e,
+        "Barrier (b::0) has already been passed with status code: 1",
+    );
+    barrier_payload(&e, "b", 0);
+}
+
+#[test]
+fn cancel_with_wrong_counter_is_failed_precondition() {
+    let mut s = cluster(2, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let e = err(
+        &apply(&mut s, cancel("b", 3, 0), 2100),
+        Code::FailedPrecondition,
+    );
+    contains(
+        &e,
+        "Barrier (b::3) is cancelled by task, but the service thinks it is the 0-th instance.",
+    );
+    barrier_payload(&e, "b", 0);
+    assert_eq!(s.barrier_result("b", 0, 0, c0), None, "still pending");
+}
+
+#[test]
+fn cancel_of_passed_instance_is_failed_precondition() {
+    let mut s = cluster(2, Opts::default());
+    parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    let e = err(
+        &apply(&mut s, cancel("b", 0, 0), 2100),
+        Code::FailedPrecondition,
+    );
+    contains(&e, "has already been passed with status code: 0");
+    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Passed);
+}
+
+#[test]
+fn cancel_of_unused_id_is_ok_and_first_wait_fails() {
+    let mut s = cluster(2, Opts::default());
+    ok(&apply(&mut s, cancel("fresh", 0, 0), 2000));
+    let b = s.barrier("fresh").unwrap();
+    assert!(b.created_by_cancel);
+    assert_ne!(b.status(), BarrierStatus::Pending);
+    let e = err(
+        &apply(&mut s, arrive("fresh", 0, 60_000, &[], 0), 2100),
+        Code::InvalidArgument,
+    );
+    barrier_payload(&e, "fresh", 0);
+    // The next counter works normally.
+    parked(&apply(&mut s, arrive("fresh", 1, 60_000, &[], 0), 2200));
+    let out = apply(&mut s, arrive("fresh", 1, 60_000, &[], 1), 2200);
+    ok(&out);
+    assert_eq!(out.value, 1);
+}
+
+#[test]
+fn recoverable_restarted_task_rejoins_current_instance_with_counter_zero() {
+    let mut s = cluster(2, Opts::recoverable());
+    parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    let c0 = parked(&apply(&mut s, arrive("b", 1, 60_000, &[], 0), 3000));
+    // Task 1 restarted and lost its counter.
+    ok(&apply(&mut s, register(1, 4444), 3100));
+    let out = apply(&mut s, arrive("b", 0, 60_000, &[], 1), 3200);
+    ok(&out);
+    assert_eq!(out.value, 1);
+    assert_eq!(s.barrier_result("b", 1, 0, c0), Some(Ok(1)));
+}

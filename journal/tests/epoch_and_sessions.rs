@@ -1,0 +1,207 @@
+//! Service incarnation, job-epoch reset and exactly-once sessions.
+mod common;
+use common::*;
+use journal::{errors, Code, State, TaskStatus, REGISTER_BARRIER};
+
+/// Everything a retry must not change (the replicated semantic state).
+fn semantic(s: &State) -> String {
+    let kv: Vec<(String, Vec<u8>, u64, u64)> = s
+        .kv_all()
+        .map(|(k, e)| {
+            (
+                k.to_string(),
+                e.value.to_vec(),
+                e.create_revision,
+                e.mod_revision,
+            )
+        })
+        .collect();
+    let barriers: Vec<String> = s.barriers().map(|(id, b)| format!("{id}={b:?}")).collect();
+    let tasks: Vec<String> = (0..s.task_count())
+        .map(|t| format!("{:?}", s.task(t)))
+        .collect();
+    format!(
+        "{kv:?}|{barriers:?}|{tasks:?}|{}|{}|{:?}|{}",
+        s.tasks_version(),
+        s.kv_revision(),
+        s.propagated_error(),
+        s.service_incarnation()
+    )
+}
+
+#[test]
+fn init_service_keeps_first_incarnation_and_rejects_other_config() {
+    let mut s = new_state(2, &Opts::default());
+    let out = apply(&mut s, init(config(2, &Opts::default()), 0xBAD), 5);
+    ok(&out);
+    assert_eq!(out.incarnation, SVC_INC);
+    assert_eq!(s.service_incarnation(), SVC_INC);
+    let e = err(
+        &apply(&mut s, init(config(3, &Opts::default()), 0xBAD), 6),
+        Code::FailedPrecondition,
+    );
+    contains(
+        &e,
+        "already configured with a different cluster configuration",
+    );
+    assert_eq!(s.task_count(), 2);
+    assert_eq!(s.service_incarnation(), SVC_INC);
+}
+
+#[test]
+fn service_incarnation_never_changes_during_a_job() {
+    let mut s = cluster(3, Opts::default());
+    parked(&apply(&mut s, poll(0), 1500));
+    ok(&apply(&mut s, insert("k", "v", false), 1600));
+    ok(&apply(&mut s, unhealthy(&[2]), 20_000));
+    err(&apply(&mut s, register(1, 1), 21_000), Code::Aborted);
+    err(&apply(&mut s, shutdown(0), 22_000), Code::Internal);
+    assert_eq!(s.service_incarnation(), SVC_INC);
+    assert_eq!(s.epoch(), 0);
+}
+
+#[test]
+fn job_epoch_reset_clears_everything_and_draws_new_incarnation() {
+    let mut s = cluster(3, Opts::default());
+    parked(&apply(&mut s, poll(0), 1500));
+    ok(&apply(&mut s, insert("k", "v", false), 1600));
+    let bc = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 1700));
+    ok(&apply(&mut s, report(1, Code::Internal, "x"), 1800));
+    assert!(s.propagated_error().is_some());
+    let v = s.tasks_version();
+
+    let out = apply(&mut s, reset_epoch(0xE90C, None), 5000);
+    ok(&out);
+    assert_eq!(out.incarnation, 0xE90C);
+    assert_eq!(s.service_incarnation(), 0xE90C);
+    assert_eq!(s.epoch(), 1);
+    assert_eq!(s.kv_len(), 0);
+    assert_eq!(s.barriers().count(), 0);
+    assert!(s.propagated_error().is_none());
+    assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
+    assert!(s.tasks_version() > v, "watchers see the reset");
+    // A parked barrier of the previous epoch is told so.
+    let e = s.barrier_result("b", 0, 0, bc).unwrap().unwrap_err();
+    assert_eq!(e, errors::epoch_reset());
+    code_is(&e, Code::Aborted);
+    // The new job registers through a fresh registration barrier.
+    parked(&apply(&mut s, register(0, 1), 6000));
+    assert!(s.barrier(REGISTER_BARRIER).is_some());
+    parked(&apply(&mut s, register(1, 2), 6000));
+    let last = apply(&mut s, register(2, 3), 6000);
+    assert_eq!(last.incarnation, 0xE90C);
+    // Nobody has polled in the new epoch: an error sets everyone to ERROR.
+    ok(&apply(&mut s, report(2, Code::Internal, "y"), 7000));
+    assert_eq!(statuses(&s), vec![TaskStatus::Error; 3]);
+}
+
+#[test]
+fn job_epoch_reset_may_install_a_new_config() {
+    let mut s = cluster(2, Opts::default());
+    ok(&apply(
+        &mut s,
+        reset_epoch(77, Some(config(4, &Opts::recoverable()))),
+        5000,
+    ));
+    assert_eq!(s.task_count(), 4);
+    assert!(s.config().unwrap().recoverable);
+    assert_eq!(s.service_incarnation(), 77);
+}
+
+#[test]
+fn retried_update_returns_recorded_outcome_and_changes_nothing() {
+    let mut s = cluster(2, Opts::default());
+    let first = apply_from(&mut s, 7, 1, incr("n", 5), 2000);
+    assert_eq!(first.value, 5);
+    let before = semantic(&s);
+    let again = apply_from(&mut s, 7, 1, incr("n", 5), 2001);
+    assert_eq!(again, first);
+    assert_eq!(semantic(&s), before);
+    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"5");
+
+    ok(&apply_from(&mut s, 7, 2, insert("k", "v", false), 2002));
+    ok(&apply_from(&mut s, 7, 2, insert("k", "v", false), 2003));
+    // Without an origin the same insert is a real second insert.
+    err(
+        &apply(&mut s, insert("k", "v", false), 2004),
+        Code::AlreadyExists,
+    );
+}
+
+#[test]
+fn retried_failure_returns_the_recorded_domain_error() {
+    let mut s = cluster(2, Opts::default());
+    parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
+    let first = apply_from(&mut s, 9, 1, arrive("b", 0, 60_000, &[0], 1), 2100);
+    let e = err(&first, Code::InvalidArgument);
+    assert_eq!(e.barrier.as_ref().unwrap().id, "b");
+    let before = semantic(&s);
+    assert_eq!(
+        apply_from(&mut s, 9, 1, arrive("b", 0, 60_000, &[0], 1), 2200),
+        first
+    );
+    assert_eq!(semantic(&s), before);
+}
+
+#[test]
+fn retried_parked_call_returns_same_call_id() {
+    let mut s = cluster(2, Opts::default());
+    let first = apply_from(&mut s, 3, 10, arrive("b", 0, 60_000, &[], 0), 2000);
+    let id = parked(&first);
+    let again = apply_from(&mut s, 3, 10, arrive("b", 0, 60_000, &[], 0), 2100);
+    assert_eq!(again, first);
+    // Not a second arrival: the first call was not superseded.
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
+    assert_eq!(s.barrier_result("b", 0, 0, id), Some(Ok(0)));
+}
+
+#[test]
+fn sessions_of_different_clients_are_independent() {
+    let mut s = State::new();
+    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
+    assert_eq!(apply_from(&mut s, 2, 1, incr("n", 1), 0).value, 2);
+    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
+    assert_eq!(s.session_count(), 2);
+}
+
+#[test]
+fn client_table_is_bounded_and_evicts_least_recently_used() {
+    let o = Opts {
+        max_client_sessions: 2,
+        ..Default::default()
+    };
+    let mut s = new_state(1, &o);
+    apply_from(&mut s, 1, 1, incr("n", 1), 0);
+    apply_from(&mut s, 2, 1, incr("n", 1), 0);
+    // Touch client 1 so that client 2 is the least recently used.
+    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
+    apply_from(&mut s, 3, 1, incr("n", 1), 0);
+    assert_eq!(s.session_count(), 2);
+    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"3");
+    // Client 1 is still remembered, client 2 was forgotten (applies again).
+    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
+    assert_eq!(apply_from(&mut s, 2, 1, incr("n", 1), 0).value, 4);
+    assert!(s.session_count() <= 2);
+}
+
+#[test]
+fn outcomes_per_client_are_bounded_and_older_retries_are_refused() {
+    let o = Opts {
+        max_outcomes_per_client: 4,
+        ..Default::default()
+    };
+    let mut s = new_state(1, &o);
+    for seq in 1..=10 {
+        assert_eq!(
+            apply_from(&mut s, 5, seq, incr("n", 1), 0).value,
+            seq as i64
+        );
+    }
+    // The newest 4 are replayed.
+    assert_eq!(apply_from(&mut s, 5, 7, incr("n", 1), 0).value, 7);
+    // Older ones are refused, not applied twice.
+    let e = err(&apply_from(&mut s, 5, 2, incr("n", 1), 0), Code::Aborted);
+    contains(&e, "older than the exactly-once window");
+    assert!(!e.coordination_payload);
+    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"10");
+}

@@ -1,0 +1,180 @@
+//! The key-value store (reference §3.7).
+mod common;
+use common::*;
+use journal::{errors, normalize_key, Code, State};
+
+fn keys(s: &State, dir: &str) -> Vec<String> {
+    s.kv_dir(dir)
+        .into_iter()
+        .map(|(k, _)| k.to_string())
+        .collect()
+}
+
+#[test]
+fn keys_are_normalised() {
+    assert_eq!(normalize_key("///a//b/"), "a/b");
+    let mut s = State::new();
+    ok(&apply(&mut s, insert("///a//b/", "1", false), 0));
+    assert_eq!(s.kv_get("a/b").unwrap().as_ref(), b"1");
+    assert_eq!(s.kv_get("/a/b").unwrap().as_ref(), b"1");
+    let e = err(
+        &apply(&mut s, insert("a/b", "2", false), 0),
+        Code::AlreadyExists,
+    );
+    assert_eq!(e.message, "key a/b already exists.");
+    assert_eq!(keys(&s, "a"), vec!["a/b"]);
+    assert_eq!(s.kv_len(), 1);
+}
+
+#[test]
+fn empty_key_is_legal() {
+    let mut s = State::new();
+    ok(&apply(&mut s, insert("", "root", false), 0));
+    assert_eq!(s.kv_get("").unwrap().as_ref(), b"root");
+    assert_eq!(s.kv_get("//").unwrap().as_ref(), b"root");
+    assert!(keys(&s, "").is_empty(), "the empty directory holds nothing");
+}
+
+#[test]
+fn insert_existing_without_overwrite_is_already_exists_without_payload() {
+    let mut s = State::new();
+    ok(&apply(&mut s, insert("k", "v1", false), 0));
+    let rev = s.kv_revision();
+    let e = err(
+        &apply(&mut s, insert("k", "v2", false), 0),
+        Code::AlreadyExists,
+    );
+    assert_eq!(e.message, "key k already exists.");
+    assert!(!e.coordination_payload);
+    assert!(e.barrier.is_none() && e.source_task.is_none());
+    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v1");
+    assert_eq!(s.kv_revision(), rev);
+}
+
+#[test]
+fn insert_with_overwrite_replaces_value() {
+    let mut s = State::new();
+    ok(&apply(&mut s, insert("k", "v1", false), 0));
+    let created = s.kv_entry("k").unwrap().create_revision;
+    ok(&apply(&mut s, insert("k", "v2", true), 0));
+    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v2");
+    let e = s.kv_entry("k").unwrap();
+    assert_eq!(e.create_revision, created);
+    assert!(e.mod_revision > created);
+    // allow_overwrite on a missing key simply inserts.
+    ok(&apply(&mut s, insert("new", "x", true), 0));
+    assert_eq!(s.kv_get("new").unwrap().as_ref(), b"x");
+}
+
+#[test]
+fn try_get_of_missing_key_is_not_found_with_payload() {
+    let s = State::new();
+    assert!(s.kv_get("nope").is_none());
+    let e = errors::key_not_found("/nope/");
+    code_is(&e, Code::NotFound);
+    assert_eq!(e.message, "Config key /nope/ not found.");
+    assert!(e.coordination_payload);
+}
+
+#[test]
+fn increment_treats_missing_as_zero_and_stores_decimal() {
+    let mut s = State::new();
+    let out = apply(&mut s, incr("/c", 5), 0);
+    ok(&out);
+    assert_eq!(out.value, 5);
+    assert_eq!(s.kv_get("c").unwrap().as_ref(), b"5");
+    let out = apply(&mut s, incr("c", -7), 0);
+    assert_eq!(out.value, -2);
+    assert_eq!(s.kv_get("c").unwrap().as_ref(), b"-2");
+    ok(&apply(&mut s, insert("d", "40", false), 0));
+    assert_eq!(apply(&mut s, incr("d", 2), 0).value, 42);
+}
+
+#[test]
+fn increment_of_non_integer_is_failed_precondition() {
+    let mut s = State::new();
+    ok(&apply(&mut s, insert("k", "abc", false), 0));
+    let e = err(&apply(&mut s, incr("k", 1), 0), Code::FailedPrecondition);
+    assert!(e.coordination_payload);
+    contains(
+        &e,
+        "key k holds a value that is not a decimal 64-bit integer",
+    );
+    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"abc");
+}
+
+#[test]
+fn increment_overflow_is_failed_precondition() {
+    let mut s = State::new();
+    ok(&apply(&mut s, insert("k", &i64::MAX.to_string(), false), 0));
+    let e = err(&apply(&mut s, incr("k", 1), 0), Code::FailedPrecondition);
+    assert!(e.coordination_payload);
+    contains(&e, "overflows a 64-bit integer");
+    assert_eq!(
+        s.kv_get("k").unwrap().as_ref(),
+        i64::MAX.to_string().as_bytes()
+    );
+}
+
+#[test]
+fn directory_listing_is_sorted_strict_and_prefix_exact() {
+    let mut s = State::new();
+    for k in ["dir/b", "dir/a", "dir", "dirx/c", "dir/sub/z", "other"] {
+        ok(&apply(&mut s, insert(k, k, false), 0));
+    }
+    assert_eq!(keys(&s, "dir"), vec!["dir/a", "dir/b", "dir/sub/z"]);
+    assert_eq!(keys(&s, "//dir//"), vec!["dir/a", "dir/b", "dir/sub/z"]);
+    assert_eq!(keys(&s, "dir/sub"), vec!["dir/sub/z"]);
+    assert!(keys(&s, "").is_empty());
+    assert!(keys(&s, "missing").is_empty());
+    assert_eq!(s.kv_dir("dir")[0].1.value.as_ref(), b"dir/a");
+}
+
+#[test]
+fn delete_removes_key_and_everything_under_it() {
+    let mut s = State::new();
+    for k in ["dir", "dir/a", "dir/sub/b", "dirx/c", "keep"] {
+        ok(&apply(&mut s, insert(k, "v", false), 0));
+    }
+    ok(&apply(&mut s, delete("/dir/"), 0));
+    assert!(s.kv_get("dir").is_none());
+    assert!(s.kv_get("dir/a").is_none());
+    assert!(s.kv_get("dir/sub/b").is_none());
+    assert!(s.kv_get("dirx/c").is_some());
+    assert!(s.kv_get("keep").is_some());
+    assert_eq!(s.kv_len(), 2);
+    // Deleting something missing is OK and changes nothing.
+    let rev = s.kv_revision();
+    ok(&apply(&mut s, delete("missing"), 0));
+    assert_eq!(s.kv_revision(), rev);
+    assert_eq!(s.kv_len(), 2);
+}
+
+#[test]
+fn key_limit_is_resource_exhausted() {
+    let o = Opts {
+        max_keys: 2,
+        ..Default::default()
+    };
+    let mut s = new_state(1, &o);
+    ok(&apply(&mut s, insert("a", "1", false), 0));
+    ok(&apply(&mut s, insert("b", "1", false), 0));
+    let e = err(
+        &apply(&mut s, insert("c", "1", false), 0),
+        Code::ResourceExhausted,
+    );
+    contains(&e, "limit of 2 keys");
+    err(&apply(&mut s, incr("d", 1), 0), Code::ResourceExhausted);
+    // Overwriting an existing key is still fine.
+    ok(&apply(&mut s, insert("a", "2", true), 0));
+    assert_eq!(s.kv_len(), 2);
+}
+
+#[test]
+fn kv_is_untouched_by_task_errors() {
+    let mut s = cluster(2, Opts::default());
+    ok(&apply(&mut s, insert("k", "v", false), 1500));
+    ok(&apply(&mut s, report(1, Code::Internal, "boom"), 2000));
+    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v");
+    ok(&apply(&mut s, insert("k2", "v", false), 2100));
+}
