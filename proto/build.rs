@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/xla_coordination.proto",
         "proto/grpc_payloads.proto",
         "proto/tf_coordination.proto",
+        "proto/coordstore.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
@@ -19,6 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .bytes(".xla.coordination.KeyValueEntry.value")
         .bytes(".tensorflow.KeyValueEntry.value")
+        .bytes(".coordstore.v1")
         .compile_protos(&files, &["proto"])?;
     Ok(())
 }

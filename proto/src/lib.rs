@@ -4,6 +4,7 @@
 //!   0.12 dials (`reference/coordination_service_jaxlib_0_12.proto`).
 //! * [`tf`] — `tensorflow.CoordinationService`, the TensorFlow-era API of
 //!   seed 003, with device-info messages carried as opaque bytes.
+//! * [`coordstore`] — coordstore's own API: Raft peer RPCs and the node API.
 //! * [`payloads`] — `tensorflow.distributed_runtime.GrpcPayloadContainer`, the
 //!   container both dialects put in the `grpc-status-details-bin` trailer.
 //!
@@ -11,16 +12,25 @@
 //! and the agent share them.
 
 /// `xla.coordination`: messages and the `CoordinationService` stubs jaxlib 0.12 uses.
+#[allow(clippy::all, clippy::pedantic)]
 pub mod xla {
     tonic::include_proto!("xla.coordination");
 }
 
 /// `tensorflow`: the TensorFlow-dialect coordination messages and stubs.
+#[allow(clippy::all, clippy::pedantic)]
 pub mod tf {
     tonic::include_proto!("tensorflow");
 }
 
+/// `coordstore.v1`: coordstore's own API — Raft peer RPCs and the node API.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod coordstore {
+    tonic::include_proto!("coordstore.v1");
+}
+
 /// `tensorflow.distributed_runtime`: the error-payload container.
+#[allow(clippy::all, clippy::pedantic)]
 pub mod payloads {
     tonic::include_proto!("tensorflow.distributed_runtime");
 }

@@ -1,4 +1,22 @@
 //! coordstore-raft: replication of the journal across the nodes with openraft
-//! 0.9 — the type config, the write batcher (group commit), the read coalescer,
-//! the tonic peer transport and membership calls. Filled by the
-//! replicated-journal issue.
+//! 0.9 (storage-v2). A [`RaftNode`] owns the storage, openraft, a **write
+//! batcher** that packs every update queued while earlier entries are in
+//! flight into one Raft entry (group commit — 0.9 does one fsync per entry),
+//! and a **read coalescer** that lets one `ensure_linearizable` serve every
+//! read queued before it started. Peer RPCs (append, vote, snapshot) travel
+//! over tonic with one cached channel per peer. Bootstrap of a static cluster
+//! is idempotent; membership changes are library calls.
+
+// openraft fixes the error types of its API (some are large).
+#![allow(clippy::result_large_err)]
+
+mod batcher;
+mod config;
+mod network;
+mod node;
+mod reads;
+
+pub use batcher::{Applied, ProposeError};
+pub use config::RaftSettings;
+pub use network::{Channels, PeerNetwork, PeerService, Raft};
+pub use node::{NodeConfig, RaftNode, Role, StartError};

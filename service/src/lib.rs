@@ -1,5 +1,12 @@
 //! coordstore-service: the front door of a node. Dialect adapters translate
 //! `xla.coordination` and `tensorflow` coordination calls into core commands;
-//! the core validates, stamps and proposes them through Raft (forwarding from
-//! followers); the leader runtime owns timers and liveness. Filled by the
-//! coordination-service issue.
+//! the [`core`] validates, stamps and proposes them through Raft, forwarding
+//! from followers and waiting out leader changes; the leader runtime owns
+//! timers and liveness. [`server::start`] runs all of it on one port, beside
+//! coordstore's own `Node` API and the Raft peer service.
+
+pub mod config;
+pub mod core;
+pub mod ctl;
+pub mod node_api;
+pub mod server;

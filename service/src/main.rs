@@ -1,8 +1,113 @@
-//! The `coordstore` binary.
+//! The `coordstore` binary: `serve` (a node) and `ctl` (the operator CLI).
 
-fn main() {
-    eprintln!(
-        "coordstore: the serve, relay and ctl commands arrive with the coordination-service issue"
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use service::config::ServeOptions;
+use service::ctl::CtlCommand;
+
+#[derive(Parser)]
+#[command(
+    name = "coordstore",
+    version,
+    about = "A replicated coordination store for JAX and TensorFlow jobs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a node (the default when no command is given).
+    Serve(Box<ServeOptions>),
+    /// Operator commands against a running node.
+    Ctl {
+        /// A node's HOST:PORT.
+        #[arg(long, default_value = "127.0.0.1:7470")]
+        endpoint: String,
+        #[command(subcommand)]
+        command: CtlCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COORDSTORE_LOG")
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .init();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("coordstore: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command.unwrap_or_else(|| Cmd::Serve(Box::default())) {
+        Cmd::Serve(opts) => rt.block_on(serve(*opts)),
+        Cmd::Ctl { endpoint, command } => {
+            match rt.block_on(service::ctl::run(&endpoint, command)) {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("coordstore ctl: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn serve(opts: ServeOptions) -> ExitCode {
+    let cfg = match opts.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("coordstore serve: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let node = match service::server::start(cfg.clone()).await {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("coordstore serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let role = service::server::settle(node.core.node(), Duration::from_secs(5)).await;
+    tracing::info!(
+        "coordstore node {} serving on {} as {} (cluster '{}', {} voting members, data dir {})",
+        cfg.node_id,
+        node.addr,
+        role.as_str(),
+        cfg.cluster_id,
+        cfg.cluster.len(),
+        cfg.data_dir.display()
     );
-    std::process::exit(2);
+    wait_for_signal().await;
+    tracing::info!("coordstore node {} stopping", cfg.node_id);
+    node.stop().await;
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

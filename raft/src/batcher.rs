@@ -1,0 +1,136 @@
+//! The write batcher (group commit). openraft 0.9 does one append and one
+//! fsync per `client_write`, so every update queued while earlier batches are
+//! in flight is packed into one Raft entry.
+
+use std::sync::Arc;
+
+use journal::pb::UpdateBatch;
+use journal::{Outcome, Update};
+use openraft::error::ClientWriteError;
+use prost::Message;
+use storage::{Node, NodeId, Proposal, TypeConfig};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::config::RaftSettings;
+use crate::network::Raft;
+
+/// An applied update.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// Its outcome.
+    pub outcome: Outcome,
+    /// The log index of the entry that carried it.
+    pub log_index: u64,
+}
+
+/// Why a proposal was not applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// This node is not the leader; the leader, if known.
+    #[error("not the leader (leader: {leader_id:?} at {leader_addr:?})")]
+    NotLeader {
+        /// The leader's id.
+        leader_id: Option<NodeId>,
+        /// The leader's address.
+        leader_addr: Option<String>,
+    },
+    /// No quorum confirmed this node's leadership right now; retry.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Raft stopped or failed; the outcome is unknown.
+    #[error("replication failed: {0}")]
+    Fatal(String),
+}
+
+impl ProposeError {
+    pub(crate) fn from_write(e: ClientWriteError<NodeId, Node>) -> Self {
+        match e {
+            ClientWriteError::ForwardToLeader(f) => ProposeError::NotLeader {
+                leader_id: f.leader_id,
+                leader_addr: f.leader_node.map(|n| n.addr),
+            },
+            ClientWriteError::ChangeMembershipError(e) => ProposeError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+pub(crate) struct Pending {
+    pub(crate) update: Update,
+    pub(crate) reply: oneshot::Sender<Result<Applied, ProposeError>>,
+}
+
+/// Starts the batcher task; proposals go into the returned queue.
+pub(crate) fn spawn(raft: Raft, settings: &RaftSettings) -> mpsc::Sender<Pending> {
+    let (tx, rx) = mpsc::channel(settings.proposal_queue.max(1));
+    tokio::spawn(run(raft, rx, settings.clone()));
+    tx
+}
+
+async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings) {
+    let inflight = Arc::new(Semaphore::new(settings.max_inflight_batches.max(1)));
+    loop {
+        // Wait for a slot first: proposals pile up in the queue meanwhile.
+        let Ok(permit) = inflight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut bytes = first.update.encoded_len();
+        let mut batch = vec![first];
+        while batch.len() < settings.max_batch_updates && bytes < settings.max_batch_bytes {
+            match rx.try_recv() {
+                Ok(p) => {
+                    bytes += p.update.encoded_len();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let (updates, replies): (Vec<Update>, Vec<_>) =
+            batch.into_iter().map(|p| (p.update, p.reply)).unzip();
+        let proposal = Proposal(UpdateBatch { updates });
+        match raft.client_write_ff(proposal).await {
+            Err(fatal) => {
+                let e = ProposeError::Fatal(fatal.to_string());
+                for r in replies {
+                    let _ = r.send(Err(e.clone()));
+                }
+            }
+            Ok(done) => {
+                tokio::spawn(async move {
+                    let result = done.await;
+                    drop(permit);
+                    deliver(result, replies);
+                });
+            }
+        }
+    }
+}
+
+type WriteResult = Result<
+    Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<NodeId, Node>>,
+    oneshot::error::RecvError,
+>;
+
+fn deliver(result: WriteResult, replies: Vec<oneshot::Sender<Result<Applied, ProposeError>>>) {
+    let error = match result {
+        Ok(Ok(resp)) if resp.data.0.len() == replies.len() => {
+            let log_index = resp.log_id.index;
+            for (r, outcome) in replies.into_iter().zip(resp.data.0) {
+                let _ = r.send(Ok(Applied { outcome, log_index }));
+            }
+            return;
+        }
+        Ok(Ok(resp)) => ProposeError::Fatal(format!(
+            "{} outcomes for {} updates",
+            resp.data.0.len(),
+            replies.len()
+        )),
+        Ok(Err(e)) => ProposeError::from_write(e),
+        Err(_) => ProposeError::Fatal("raft stopped".into()),
+    };
+    for r in replies {
+        let _ = r.send(Err(error.clone()));
+    }
+}

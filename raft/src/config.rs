@@ -1,0 +1,70 @@
+//! Replication settings and their mapping to `openraft::Config`.
+
+use std::sync::Arc;
+
+/// Tunables of one node's replication. Defaults suit a loaded 2-core machine
+/// (heartbeat 100 ms, election 1–2 s, like etcd) and snapshot rarely.
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
+    /// Leader heartbeat interval.
+    pub heartbeat_interval_ms: u64,
+    /// Lower bound of the election timeout.
+    pub election_timeout_min_ms: u64,
+    /// Upper bound of the election timeout.
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many entries since the last one.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot (for lagging followers).
+    pub keep_entries_behind_snapshot: u64,
+    /// Most updates the write batcher packs into one entry.
+    pub max_batch_updates: usize,
+    /// Most bytes (encoded updates) the write batcher packs into one entry.
+    pub max_batch_bytes: usize,
+    /// Batches handed to Raft before the previous ones are applied.
+    pub max_inflight_batches: usize,
+    /// Largest peer RPC message, both directions.
+    pub max_message_bytes: usize,
+    /// Queued proposals before callers wait.
+    pub proposal_queue: usize,
+}
+
+impl Default for RaftSettings {
+    fn default() -> Self {
+        RaftSettings {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 1000,
+            election_timeout_max_ms: 2000,
+            snapshot_every_entries: 50_000,
+            keep_entries_behind_snapshot: 1000,
+            max_batch_updates: 4096,
+            max_batch_bytes: 32 << 20,
+            max_inflight_batches: 2,
+            max_message_bytes: 1 << 30,
+            proposal_queue: 65_536,
+        }
+    }
+}
+
+impl RaftSettings {
+    /// The validated openraft configuration.
+    pub fn openraft_config(&self, cluster_name: &str) -> Result<Arc<openraft::Config>, String> {
+        let config = openraft::Config {
+            cluster_name: cluster_name.to_string(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            install_snapshot_timeout: 10_000.max(self.election_timeout_max_ms),
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: self.keep_entries_behind_snapshot,
+            // Keep replication streaming (not snapshotting) for lagging peers
+            // up to the snapshot interval.
+            replication_lag_threshold: self.snapshot_every_entries.max(5000),
+            purge_batch_size: 256,
+            ..Default::default()
+        };
+        config
+            .validate()
+            .map(Arc::new)
+            .map_err(|e| format!("invalid raft settings: {e}"))
+    }
+}

@@ -1,0 +1,248 @@
+//! Peer transport over tonic: the client side (`RaftNetworkFactory` with one
+//! cached channel per peer) and the server side (the `RaftPeer` service).
+//! Payloads are the bincode encoding of openraft's RPC types.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use proto::coordstore::raft_peer_client::RaftPeerClient;
+use proto::coordstore::raft_peer_server::{RaftPeer, RaftPeerServer};
+use proto::coordstore::RaftPayload;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use storage::{Node, NodeId, TypeConfig};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+/// The openraft handle of a node.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// Connection timeout of peer channels.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Lazily connected tonic channels to peers, cached by node id and address.
+#[derive(Clone)]
+pub struct Channels {
+    cache: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+}
+
+impl Default for Channels {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Channels {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Channels {
+            cache: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The channel to node `id` at `addr` (host:port), created on first use
+    /// and replaced when the address changes.
+    pub fn get(&self, id: NodeId, addr: &str) -> Result<Channel, String> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((a, ch)) = cache.get(&id) {
+            if a == addr {
+                return Ok(ch.clone());
+            }
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad peer address {addr}: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let ch = endpoint.connect_lazy();
+        cache.insert(id, (addr.to_string(), ch.clone()));
+        Ok(ch)
+    }
+}
+
+/// Creates peer connections for openraft.
+#[derive(Clone)]
+pub struct PeerNetwork {
+    channels: Channels,
+    max_message_bytes: usize,
+}
+
+impl PeerNetwork {
+    /// A factory over `channels`.
+    pub fn new(channels: Channels, max_message_bytes: usize) -> Self {
+        PeerNetwork {
+            channels,
+            max_message_bytes,
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerConnection {
+        let client = self.channels.get(target, &node.addr).map(|ch| {
+            RaftPeerClient::new(ch)
+                .max_decoding_message_size(self.max_message_bytes)
+                .max_encoding_message_size(self.max_message_bytes)
+        });
+        PeerConnection { target, client }
+    }
+}
+
+/// One peer as openraft sees it.
+pub struct PeerConnection {
+    target: NodeId,
+    client: Result<RaftPeerClient<Channel>, String>,
+}
+
+#[derive(Clone, Copy)]
+enum Method {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+#[derive(Debug)]
+struct Msg(String);
+
+impl std::fmt::Display for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Msg {}
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        method: Method,
+        req: &Req,
+        ttl: Duration,
+    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&Msg(e.clone())))),
+        };
+        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = Request::new(RaftPayload {
+            data: Bytes::from(data),
+        });
+        request.set_timeout(ttl);
+        let reply = match method {
+            Method::Append => client.append_entries(request).await,
+            Method::Vote => client.vote(request).await,
+            Method::Snapshot => client.install_snapshot(request).await,
+        };
+        let reply = reply.map_err(|s| {
+            let e = Msg(format!("{}: {}", s.code(), s.message()));
+            match s.code() {
+                tonic::Code::Unavailable | tonic::Code::Unknown => {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
+                _ => RPCError::Network(NetworkError::new(&e)),
+            }
+        })?;
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            bincode::deserialize(&reply.into_inner().data)
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        self.call(Method::Append, &rpc, option.hard_ttl()).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call(Method::Snapshot, &rpc, option.hard_ttl()).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        self.call(Method::Vote, &rpc, option.hard_ttl()).await
+    }
+}
+
+/// The server side of the peer RPCs.
+pub struct PeerService {
+    raft: Raft,
+}
+
+impl PeerService {
+    /// The tonic service for `raft`, with the message limits of the node.
+    pub fn server(raft: Raft, max_message_bytes: usize) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { raft })
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+}
+
+fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
+    bincode::deserialize(&req.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("undecodable raft payload: {e}")))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
+    let data = bincode::serialize(v)
+        .map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))?;
+    Ok(Response::new(RaftPayload {
+        data: Bytes::from(data),
+    }))
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn append_entries(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
+        encode(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: VoteRequest<NodeId> = decode(req)?;
+        encode(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
+        encode(&self.raft.install_snapshot(rpc).await)
+    }
+}

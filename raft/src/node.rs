@@ -1,0 +1,284 @@
+//! A replicating node: storage, openraft, the write batcher and the read
+//! coalescer, idempotent bootstrap of a static cluster, membership calls.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use journal::Update;
+use openraft::error::{InitializeError, RaftError};
+use openraft::{BasicNode, RaftMetrics, ServerState};
+use proto::coordstore::raft_peer_server::RaftPeerServer;
+use storage::{Identity, NodeId, StateHandle};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::batcher::{self, Applied, Pending, ProposeError};
+use crate::config::RaftSettings;
+use crate::network::{Channels, PeerNetwork, PeerService, Raft};
+use crate::reads::{self, ReadReply};
+
+/// What a node needs to start.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id (unique in the cluster, > 0).
+    pub node_id: NodeId,
+    /// The address peers and clients reach this node at (host:port).
+    pub address: String,
+    /// The sled data dir.
+    pub data_dir: PathBuf,
+    /// Name of the cluster; a data dir of another cluster is refused.
+    pub cluster_id: String,
+    /// sled page-cache bound.
+    pub cache_bytes: u64,
+    /// Replication tunables.
+    pub settings: RaftSettings,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data dir cannot be used.
+    #[error(transparent)]
+    Storage(#[from] storage::OpenError),
+    /// Bad settings or an openraft start-up failure.
+    #[error("{0}")]
+    Raft(String),
+}
+
+/// The role of a node as seen locally.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Leader.
+    Leader,
+    /// Voter following a leader (or candidate).
+    Follower,
+    /// Non-voting learner.
+    Learner,
+    /// Stopped.
+    Shutdown,
+}
+
+impl Role {
+    /// Lowercase name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Learner => "learner",
+            Role::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A running node.
+pub struct RaftNode {
+    id: NodeId,
+    address: String,
+    raft: Raft,
+    state: StateHandle,
+    writes: mpsc::Sender<Pending>,
+    reads: mpsc::Sender<ReadReply>,
+    channels: Channels,
+    max_message_bytes: usize,
+}
+
+impl RaftNode {
+    /// Opens the data dir (rebuilding the state from snapshot + log) and starts
+    /// openraft. Serve [`RaftNode::peer_service`] on `address` afterwards.
+    pub async fn start(cfg: NodeConfig) -> Result<Arc<RaftNode>, StartError> {
+        let identity = Identity {
+            cluster_id: cfg.cluster_id.clone(),
+            node_id: cfg.node_id,
+        };
+        let data_dir = cfg.data_dir.clone();
+        let cache = cfg.cache_bytes;
+        let (log, sm) =
+            tokio::task::spawn_blocking(move || storage::open(&data_dir, cache, &identity))
+                .await
+                .map_err(|e| StartError::Raft(format!("storage open task failed: {e}")))??;
+        let state = sm.handle();
+        let config = cfg
+            .settings
+            .openraft_config(&cfg.cluster_id)
+            .map_err(StartError::Raft)?;
+        let channels = Channels::new();
+        let network = PeerNetwork::new(channels.clone(), cfg.settings.max_message_bytes);
+        let raft = Raft::new(cfg.node_id, config, network, log, sm)
+            .await
+            .map_err(|e| StartError::Raft(format!("openraft failed to start: {e}")))?;
+        let writes = batcher::spawn(raft.clone(), &cfg.settings);
+        let reads = reads::spawn(raft.clone());
+        Ok(Arc::new(RaftNode {
+            id: cfg.node_id,
+            address: cfg.address,
+            raft,
+            state,
+            writes,
+            reads,
+            channels,
+            max_message_bytes: cfg.settings.max_message_bytes,
+        }))
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// This node's address.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The tonic service for peer RPCs, to add to the node's server.
+    pub fn peer_service(&self) -> RaftPeerServer<PeerService> {
+        PeerService::server(self.raft.clone(), self.max_message_bytes)
+    }
+
+    /// The peer channel cache (also used to forward calls to the leader).
+    pub fn channels(&self) -> &Channels {
+        &self.channels
+    }
+
+    /// The applied state.
+    pub fn state(&self) -> &StateHandle {
+        &self.state
+    }
+
+    /// The openraft handle.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Bootstraps a static cluster of `members` (id → address). Idempotent: a
+    /// node that is already initialised (a restart, or another member did it)
+    /// does nothing.
+    pub async fn bootstrap(&self, members: &BTreeMap<NodeId, String>) -> Result<(), String> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr.clone())))
+            .collect();
+        if !nodes.contains_key(&self.id) {
+            return Err(format!("node {} is not in the cluster list", self.id));
+        }
+        match self.raft.is_initialized().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        match self.raft.initialize(nodes).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Proposes one update through the write batcher; `NotLeader` on a follower.
+    pub async fn propose(&self, update: Update) -> Result<Applied, ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.writes
+            .send(Pending { update, reply })
+            .await
+            .map_err(|_| ProposeError::Fatal("the write batcher stopped".into()))?;
+        rx.await
+            .map_err(|_| ProposeError::Fatal("the write batcher dropped the proposal".into()))?
+    }
+
+    /// Waits until a linearizable read of the local state is safe (leader
+    /// only): one quorum round serves every read queued before it started.
+    pub async fn read_barrier(&self) -> Result<(), ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.reads
+            .send(reply)
+            .await
+            .map_err(|_| ProposeError::Fatal("the read coalescer stopped".into()))?;
+        rx.await
+            .map_err(|_| ProposeError::Fatal("the read coalescer dropped the read".into()))?
+    }
+
+    /// The latest metrics.
+    pub fn metrics(&self) -> RaftMetrics<NodeId, BasicNode> {
+        self.raft.metrics().borrow().clone()
+    }
+
+    /// The leader as this node knows it: (id, address).
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let m = self.metrics();
+        let id = m.current_leader?;
+        let addr = m
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())?;
+        Some((id, addr))
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> Role {
+        match self.metrics().state {
+            ServerState::Leader => Role::Leader,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Shutdown,
+            ServerState::Follower | ServerState::Candidate => Role::Follower,
+        }
+    }
+
+    /// Every member: (id, address, is_voter).
+    pub fn members(&self) -> Vec<(NodeId, String, bool)> {
+        let m = self.metrics();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone(), voters.contains(id)))
+            .collect()
+    }
+
+    /// Adds a learner (non-voter) and waits until it has caught up.
+    pub async fn add_learner(&self, id: NodeId, address: &str) -> Result<(), String> {
+        self.raft
+            .add_learner(id, BasicNode::new(address), true)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Makes exactly `voters` the voting members (joint consensus); other
+    /// members stay learners when `keep_learners`.
+    pub async fn change_voters(
+        &self,
+        voters: BTreeSet<NodeId>,
+        keep_learners: bool,
+    ) -> Result<(), String> {
+        self.raft
+            .change_membership(voters, keep_learners)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Removes node `id` from the cluster entirely.
+    pub async fn remove(&self, id: NodeId) -> Result<(), String> {
+        let voters: BTreeSet<NodeId> = self
+            .members()
+            .into_iter()
+            .filter(|(n, _, voter)| *voter && *n != id)
+            .map(|(n, _, _)| n)
+            .collect();
+        self.change_voters(voters, false).await
+    }
+
+    /// Triggers a snapshot now.
+    pub async fn snapshot_now(&self) -> Result<(), String> {
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Stops openraft.
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+}

@@ -1,0 +1,335 @@
+//! `coordstore serve` configuration: command-line flags over an optional TOML
+//! file (same keys, snake_case) over built-in defaults. With no flags at all a
+//! node runs alone on 127.0.0.1:7470 with its data in `./coordstore-data`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use journal::pb::{ClusterConfig, JobSpec};
+use serde::Deserialize;
+
+/// The documented default client and peer port.
+pub const DEFAULT_PORT: u16 = 7470;
+
+/// Every serve option. Flags and config-file keys share these names; a flag
+/// wins over the file, the file over the default.
+#[derive(clap::Args, Deserialize, Default, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ServeOptions {
+    /// This node's id (> 0) [default: 1]
+    #[arg(long)]
+    pub node_id: Option<u64>,
+    /// Address to listen on for clients and peers [default: 127.0.0.1:7470]
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Address peers and forwarded calls reach this node at [default: --listen]
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// The sled data dir [default: ./coordstore-data]
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Every voting member: ID=HOST:PORT,ID=HOST:PORT,... [default: this node alone]
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Name of the cluster; data dirs of another cluster are refused [default: coordstore]
+    #[arg(long)]
+    pub cluster_id: Option<String>,
+    /// N tasks in job `jax_worker`, what jaxlib registers [default: 1]
+    #[arg(long, conflicts_with = "job")]
+    pub tasks: Option<u32>,
+    /// A TensorFlow-style job NAME=COUNT (repeatable)
+    #[arg(long)]
+    #[serde(default)]
+    pub job: Vec<String>,
+    /// A task whose heartbeats stop this long is set to ERROR [default: 100000]
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// Registration barrier timeout; 0 = none [default: 3600000]
+    #[arg(long)]
+    pub register_timeout_ms: Option<u64>,
+    /// Shutdown barrier timeout; 0 = no shutdown barrier [default: 300000]
+    #[arg(long)]
+    pub shutdown_timeout_ms: Option<u64>,
+    /// RegisterTask waits for every task [default: true]
+    #[arg(long)]
+    pub register_with_barrier: Option<bool>,
+    /// Tasks may reconnect with a new incarnation; errors are not propagated [default: false]
+    #[arg(long)]
+    pub recoverable: Option<bool>,
+    /// Largest gRPC message in either direction [default: 536870912]
+    #[arg(long)]
+    pub max_message_bytes: Option<usize>,
+    /// Most KV keys; 0 = no limit [default: 0]
+    #[arg(long)]
+    pub max_keys: Option<u64>,
+    /// Clients the exactly-once table remembers [default: 4096]
+    #[arg(long)]
+    pub max_client_sessions: Option<u32>,
+    /// Outcomes remembered per client [default: 64]
+    #[arg(long)]
+    pub max_outcomes_per_client: Option<u32>,
+    /// sled page-cache bound [default: 67108864]
+    #[arg(long)]
+    pub cache_bytes: Option<u64>,
+    /// Snapshot after this many log entries [default: 50000]
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
+    /// Log entries kept behind a snapshot [default: 1000]
+    #[arg(long)]
+    pub keep_behind_snapshot: Option<u64>,
+    /// Raft heartbeat interval [default: 100]
+    #[arg(long)]
+    pub raft_heartbeat_ms: Option<u64>,
+    /// Raft election timeout lower bound [default: 1000]
+    #[arg(long)]
+    pub election_timeout_ms: Option<u64>,
+    /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
+    #[arg(long)]
+    pub leader_wait_ms: Option<u64>,
+    /// A TOML file with any of these keys
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+/// The resolved configuration of one node.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Node id.
+    pub node_id: u64,
+    /// Listen address.
+    pub listen: String,
+    /// Advertised address (peers, forwarding).
+    pub advertise: String,
+    /// Data dir.
+    pub data_dir: PathBuf,
+    /// Voting members: id → address.
+    pub cluster: BTreeMap<u64, String>,
+    /// Cluster name.
+    pub cluster_id: String,
+    /// The replicated coordination configuration.
+    pub coordination: ClusterConfig,
+    /// gRPC message limit.
+    pub max_message_bytes: usize,
+    /// sled cache bound.
+    pub cache_bytes: u64,
+    /// Replication tunables.
+    pub raft: raft::RaftSettings,
+    /// Leader wait of forwarded calls.
+    pub leader_wait_ms: u64,
+}
+
+fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(a, b)| (a.trim().to_string(), b.trim().to_string()))
+                .ok_or_else(|| format!("{what}: expected NAME=VALUE, got '{p}'"))
+        })
+        .collect()
+}
+
+impl ServeOptions {
+    /// Reads `--config FILE` (if given) and lays these flags over it.
+    pub fn resolve(self) -> Result<ServeConfig, String> {
+        let file = match &self.config {
+            Some(path) => load_file(path)?,
+            None => ServeOptions::default(),
+        };
+        self.over(file).finish()
+    }
+
+    /// `self` where set, else `other`.
+    fn over(self, other: ServeOptions) -> ServeOptions {
+        macro_rules! pick {
+            ($($f:ident),*) => { ServeOptions { $($f: self.$f.or(other.$f),)* job: if self.job.is_empty() { other.job } else { self.job }, config: self.config } };
+        }
+        pick!(
+            node_id,
+            listen,
+            advertise,
+            data_dir,
+            cluster,
+            cluster_id,
+            tasks,
+            heartbeat_timeout_ms,
+            register_timeout_ms,
+            shutdown_timeout_ms,
+            register_with_barrier,
+            recoverable,
+            max_message_bytes,
+            max_keys,
+            max_client_sessions,
+            max_outcomes_per_client,
+            cache_bytes,
+            snapshot_every,
+            keep_behind_snapshot,
+            raft_heartbeat_ms,
+            election_timeout_ms,
+            leader_wait_ms
+        )
+    }
+
+    fn finish(self) -> Result<ServeConfig, String> {
+        let node_id = self.node_id.unwrap_or(1);
+        if node_id == 0 {
+            return Err("--node-id must be > 0".into());
+        }
+        let listen = self
+            .listen
+            .unwrap_or_else(|| format!("127.0.0.1:{DEFAULT_PORT}"));
+        let advertise = self.advertise.unwrap_or_else(|| listen.clone());
+        let mut cluster = BTreeMap::new();
+        match &self.cluster {
+            Some(spec) => {
+                for (id, addr) in parse_pairs(spec, "--cluster")? {
+                    let id: u64 = id
+                        .parse()
+                        .map_err(|_| format!("--cluster: bad node id '{id}'"))?;
+                    if id == 0 {
+                        return Err("--cluster: node ids must be > 0".into());
+                    }
+                    cluster.insert(id, addr);
+                }
+                if !cluster.contains_key(&node_id) {
+                    return Err(format!("--cluster does not list this node ({node_id})"));
+                }
+            }
+            None => {
+                cluster.insert(node_id, advertise.clone());
+            }
+        }
+        let mut jobs = Vec::new();
+        for spec in &self.job {
+            for (name, count) in parse_pairs(spec, "--job")? {
+                let count: u32 = count
+                    .parse()
+                    .map_err(|_| format!("--job {name}: bad count '{count}'"))?;
+                if jobs.iter().any(|j: &JobSpec| j.name == name) {
+                    return Err(format!("--job {name} given twice"));
+                }
+                jobs.push(JobSpec { name, count });
+            }
+        }
+        if jobs.is_empty() {
+            jobs.push(JobSpec {
+                name: journal::JAX_JOB.into(),
+                count: self.tasks.unwrap_or(1),
+            });
+        }
+        let coordination = ClusterConfig {
+            jobs,
+            recoverable: self.recoverable.unwrap_or(false),
+            heartbeat_timeout_ms: self.heartbeat_timeout_ms.unwrap_or(100_000),
+            register_timeout_ms: self.register_timeout_ms.unwrap_or(3_600_000),
+            shutdown_timeout_ms: self.shutdown_timeout_ms.unwrap_or(300_000),
+            register_with_barrier: self.register_with_barrier.unwrap_or(true),
+            max_client_sessions: self.max_client_sessions.unwrap_or(0),
+            max_outcomes_per_client: self.max_outcomes_per_client.unwrap_or(0),
+            max_keys: self.max_keys.unwrap_or(0),
+        };
+        let mut raft = raft::RaftSettings::default();
+        if let Some(v) = self.snapshot_every {
+            raft.snapshot_every_entries = v.max(1);
+        }
+        if let Some(v) = self.keep_behind_snapshot {
+            raft.keep_entries_behind_snapshot = v;
+        }
+        if let Some(v) = self.raft_heartbeat_ms {
+            raft.heartbeat_interval_ms = v;
+        }
+        if let Some(v) = self.election_timeout_ms {
+            raft.election_timeout_min_ms = v;
+            raft.election_timeout_max_ms = 2 * v;
+        }
+        let max_message_bytes = self.max_message_bytes.unwrap_or(512 << 20);
+        raft.max_message_bytes = raft.max_message_bytes.max(max_message_bytes);
+        Ok(ServeConfig {
+            node_id,
+            listen,
+            advertise,
+            data_dir: self
+                .data_dir
+                .unwrap_or_else(|| PathBuf::from("coordstore-data")),
+            cluster,
+            cluster_id: self.cluster_id.unwrap_or_else(|| "coordstore".into()),
+            coordination,
+            max_message_bytes,
+            cache_bytes: self.cache_bytes.unwrap_or(storage::DEFAULT_CACHE_BYTES),
+            raft,
+            leader_wait_ms: self.leader_wait_ms.unwrap_or(30_000),
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<ServeOptions, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("config file {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> ServeOptions {
+        ServeOptions::default()
+    }
+
+    #[test]
+    fn no_flags_is_a_single_local_node() {
+        let c = opts().resolve().unwrap();
+        assert_eq!(c.node_id, 1);
+        assert_eq!(c.listen, "127.0.0.1:7470");
+        assert_eq!(c.cluster.len(), 1);
+        assert_eq!(c.data_dir, PathBuf::from("coordstore-data"));
+        assert_eq!(c.coordination.jobs[0].name, "jax_worker");
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 2\ntasks = 8\ncluster = \"1=a:1,2=b:2\"\nheartbeat_timeout_ms = 5000\n",
+        )
+        .unwrap();
+        let mut o = opts();
+        o.config = Some(file);
+        o.heartbeat_timeout_ms = Some(7000);
+        let c = o.resolve().unwrap();
+        assert_eq!(c.node_id, 2);
+        assert_eq!(c.coordination.jobs[0].count, 8);
+        assert_eq!(c.coordination.heartbeat_timeout_ms, 7000);
+        assert_eq!(c.cluster.get(&1).map(String::as_str), Some("a:1"));
+    }
+
+    #[test]
+    fn unknown_file_keys_and_bad_clusters_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "no_such_key = 1\n").unwrap();
+        let mut o = opts();
+        o.config = Some(file);
+        assert!(o.resolve().unwrap_err().contains("no_such_key"));
+        let mut o = opts();
+        o.cluster = Some("2=a:1".into());
+        assert!(o.resolve().unwrap_err().contains("does not list this node"));
+    }
+
+    #[test]
+    fn jobs_are_named() {
+        let mut o = opts();
+        o.job = vec!["worker=2".into(), "ps=1".into()];
+        let c = o.resolve().unwrap();
+        let names: Vec<_> = c
+            .coordination
+            .jobs
+            .iter()
+            .map(|j| j.name.as_str())
+            .collect();
+        assert_eq!(names, ["worker", "ps"]);
+    }
+}

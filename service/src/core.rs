@@ -1,0 +1,207 @@
+//! The core: stamps and proposes updates on the leader, forwards from
+//! followers, and waits out leader changes, so a caller connected to any
+//! surviving node never sees one. Every update gets an origin on the first
+//! node it reaches, so the retries here are exactly-once.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use journal::pb::Origin;
+use journal::Update;
+use prost::Message;
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::ProposeRequest;
+use raft::{Applied, ProposeError, RaftNode, Role};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+/// gRPC metadata key marking a call forwarded by another node; such a call
+/// is never forwarded again (no forwarding loops while leadership moves).
+pub const FORWARDED: &str = "x-coordstore-forwarded";
+
+/// Pause between attempts while no leader is reachable.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Wall-clock milliseconds since the epoch (the leader's clock stamps updates).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where a call runs.
+pub enum Route {
+    /// Here: this node is the leader.
+    Local,
+    /// At the leader, through this client.
+    Remote(NodeClient<Channel>),
+}
+
+/// A step that could not complete; retry while time is left.
+pub struct Retry(pub String);
+
+/// The core of one node.
+pub struct Core {
+    node: Arc<RaftNode>,
+    client_id: u64,
+    seq: AtomicU64,
+    leader_wait: Duration,
+    max_message_bytes: usize,
+}
+
+impl Core {
+    /// A core over `node`.
+    pub fn new(node: Arc<RaftNode>, leader_wait: Duration, max_message_bytes: usize) -> Self {
+        Core {
+            node,
+            client_id: rand::random::<u64>() | 1,
+            seq: AtomicU64::new(0),
+            leader_wait,
+            max_message_bytes,
+        }
+    }
+
+    /// The node.
+    pub fn node(&self) -> &Arc<RaftNode> {
+        &self.node
+    }
+
+    /// Gives `u` an origin if it has none.
+    pub fn stamp_origin(&self, u: &mut Update) {
+        if u.origin.is_none() {
+            u.origin = Some(Origin {
+                client_id: self.client_id,
+                seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            });
+        }
+    }
+
+    /// Where the next attempt goes, or why it must wait.
+    pub fn route(&self) -> Result<Route, Retry> {
+        if self.node.role() == Role::Leader {
+            return Ok(Route::Local);
+        }
+        let Some((id, addr)) = self.node.leader() else {
+            return Err(Retry("no leader is known".into()));
+        };
+        if id == self.node.id() {
+            return Err(Retry("leadership is changing".into()));
+        }
+        let ch = self.node.channels().get(id, &addr).map_err(Retry)?;
+        Ok(Route::Remote(
+            NodeClient::new(ch)
+                .max_decoding_message_size(self.max_message_bytes)
+                .max_encoding_message_size(self.max_message_bytes),
+        ))
+    }
+
+    /// Runs `local` on the leader or `remote` against it, retrying across
+    /// leader changes until the leader wait runs out. With `may_forward`
+    /// false (a forwarded call) a non-leader answers UNAVAILABLE instead.
+    pub async fn on_leader<T, L, LF, R, RF>(
+        &self,
+        may_forward: bool,
+        mut local: L,
+        mut remote: R,
+    ) -> Result<T, Status>
+    where
+        L: FnMut() -> LF,
+        LF: Future<Output = Result<T, Retry>>,
+        R: FnMut(NodeClient<Channel>) -> RF,
+        RF: Future<Output = Result<T, Status>>,
+    {
+        let deadline = Instant::now() + self.leader_wait;
+        loop {
+            let why = match self.route() {
+                Ok(Route::Local) => match local().await {
+                    Ok(v) => return Ok(v),
+                    Err(Retry(why)) => why,
+                },
+                Ok(Route::Remote(_)) | Err(_) if !may_forward => {
+                    return Err(Status::unavailable(format!(
+                        "node {} is not the leader",
+                        self.node.id()
+                    )))
+                }
+                Ok(Route::Remote(client)) => match remote(client).await {
+                    Ok(v) => return Ok(v),
+                    Err(s) if retryable(&s) => format!("forwarding failed: {}", s.message()),
+                    Err(s) => return Err(s),
+                },
+                Err(Retry(why)) => why,
+            };
+            if Instant::now() >= deadline {
+                return Err(Status::unavailable(format!(
+                    "no leader could serve the call within {} ms: {why}",
+                    self.leader_wait.as_millis()
+                )));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Proposes `u` (stamping origin and, on the leader, time) and returns its
+    /// outcome once applied.
+    pub async fn propose(&self, mut u: Update, may_forward: bool) -> Result<Applied, Status> {
+        self.stamp_origin(&mut u);
+        let bytes = u.encode_to_vec();
+        let u = &u;
+        self.on_leader(
+            may_forward,
+            || async move {
+                let mut stamped = u.clone();
+                if stamped.at_ms == 0 {
+                    stamped.at_ms = now_ms();
+                }
+                match self.node.propose(stamped).await {
+                    Ok(a) => Ok(a),
+                    Err(e @ (ProposeError::NotLeader { .. } | ProposeError::Unavailable(_))) => {
+                        Err(Retry(e.to_string()))
+                    }
+                    Err(ProposeError::Fatal(e)) => Err(Retry(e)),
+                }
+            },
+            |mut client| {
+                let bytes = bytes.clone();
+                async move {
+                    let mut req = tonic::Request::new(ProposeRequest {
+                        update: bytes.into(),
+                    });
+                    req.metadata_mut()
+                        .insert(FORWARDED, "1".parse().expect("ascii"));
+                    let reply = client.propose(req).await?.into_inner();
+                    let outcome = journal::Outcome::decode(reply.outcome.as_ref())
+                        .map_err(|e| Status::internal(format!("bad outcome from leader: {e}")))?;
+                    Ok(Applied {
+                        outcome,
+                        log_index: reply.log_index,
+                    })
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until this node (the leader) may serve a linearizable read.
+    pub async fn read_barrier(&self) -> Result<(), Retry> {
+        self.node
+            .read_barrier()
+            .await
+            .map_err(|e| Retry(e.to_string()))
+    }
+}
+
+/// Whether a failed forward may be retried (possibly at another leader).
+fn retryable(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
+
+/// Whether a request was forwarded by another node.
+pub fn was_forwarded<T>(req: &tonic::Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}

@@ -1,0 +1,215 @@
+//! `coordstore ctl`: the operator CLI. Every verb talks to one node's `Node`
+//! API (reads are linearizable; writes go through the leader) and prints JSON
+//! or plain values on stdout.
+
+use journal::pb::{update::Command, ClusterConfig, KvDelete, KvInsert, ResetJobEpoch};
+use journal::{State, TaskStatus, Update};
+use prost::Message;
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::{KvGetRequest, KvListRequest, ProposeRequest, StateRequest, StatusRequest};
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+/// An operator command.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum CtlCommand {
+    /// Node status as one JSON object.
+    Status,
+    /// Key-value store verbs.
+    #[command(subcommand)]
+    Kv(KvCommand),
+    /// Every task with its state, incarnation and error (JSON).
+    Tasks,
+    /// Every barrier with its newest instance (JSON).
+    Barriers,
+    /// Start a new job epoch: clear tasks, barriers, errors and KV and draw a
+    /// new service incarnation (optionally with a new task layout).
+    ResetJob {
+        /// N tasks in job `jax_worker`.
+        #[arg(long)]
+        tasks: Option<u32>,
+    },
+}
+
+/// KV verbs.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum KvCommand {
+    /// Print a value.
+    Get { key: String },
+    /// Set a value (overwrites unless --no-overwrite).
+    Put {
+        key: String,
+        value: String,
+        #[arg(long)]
+        no_overwrite: bool,
+    },
+    /// List keys under a directory ("" = every key) as JSON.
+    Ls {
+        #[arg(default_value = "")]
+        prefix: String,
+    },
+    /// Delete a key and everything under it.
+    Delete { key: String },
+}
+
+async fn connect(endpoint: &str) -> anyhow::Result<NodeClient<Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))?
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach {endpoint}: {e}"))?;
+    Ok(NodeClient::new(ch)
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(1 << 30))
+}
+
+async fn propose(
+    c: &mut NodeClient<Channel>,
+    command: Command,
+) -> anyhow::Result<journal::Outcome> {
+    let u = Update {
+        command: Some(command),
+        ..Default::default()
+    };
+    let reply = c
+        .propose(ProposeRequest {
+            update: u.encode_to_vec().into(),
+        })
+        .await?
+        .into_inner();
+    let out = journal::Outcome::decode(reply.outcome.as_ref())?;
+    if let Some(e) = &out.error {
+        anyhow::bail!("{}", e.display());
+    }
+    Ok(out)
+}
+
+async fn state(c: &mut NodeClient<Channel>) -> anyhow::Result<State> {
+    let reply = c.state(StateRequest {}).await?.into_inner();
+    Ok(State::decode_snapshot(&reply.snapshot)?)
+}
+
+/// Runs one command against `endpoint`; returns what to print.
+pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
+    let mut c = connect(endpoint).await?;
+    let out: Value = match cmd {
+        CtlCommand::Status => {
+            let s = c.status(StatusRequest {}).await?.into_inner();
+            json!({
+                "node_id": s.node_id,
+                "leader_id": if s.leader_id == 0 { Value::Null } else { json!(s.leader_id) },
+                "term": s.term,
+                "members": s.members.iter().map(|m| json!({"id": m.id, "address": m.address, "role": m.role})).collect::<Vec<_>>(),
+                "last_applied": s.last_applied,
+                "service_incarnation": s.service_incarnation,
+                "address": s.address,
+                "role": s.role,
+                "last_log_index": s.last_log_index,
+                "snapshot_index": s.snapshot_index,
+                "state_digest": s.state_digest,
+            })
+        }
+        CtlCommand::Kv(KvCommand::Get { key }) => {
+            let r = c
+                .kv_get(KvGetRequest { key: key.clone() })
+                .await?
+                .into_inner();
+            if !r.found {
+                anyhow::bail!("key {key} not found");
+            }
+            return Ok(String::from_utf8_lossy(&r.value).into_owned());
+        }
+        CtlCommand::Kv(KvCommand::Put {
+            key,
+            value,
+            no_overwrite,
+        }) => {
+            propose(
+                &mut c,
+                Command::KvInsert(KvInsert {
+                    key,
+                    value: value.into_bytes().into(),
+                    allow_overwrite: !no_overwrite,
+                }),
+            )
+            .await?;
+            return Ok("OK".into());
+        }
+        CtlCommand::Kv(KvCommand::Delete { key }) => {
+            propose(&mut c, Command::KvDelete(KvDelete { key })).await?;
+            return Ok("OK".into());
+        }
+        CtlCommand::Kv(KvCommand::Ls { prefix }) => {
+            let r = c
+                .kv_list(KvListRequest { prefix, limit: 0 })
+                .await?
+                .into_inner();
+            json!(r
+                .entries
+                .iter()
+                .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.value)}))
+                .collect::<Vec<_>>())
+        }
+        CtlCommand::Tasks => {
+            let s = state(&mut c).await?;
+            json!((0..s.task_count())
+                .map(|i| {
+                    let t = s.task(i).expect("index in range");
+                    let (job, id) = s.task_id(i).expect("index in range");
+                    json!({
+                        "job": job,
+                        "task_id": id,
+                        "state": match t.status() {
+                            TaskStatus::Connected => "CONNECTED",
+                            TaskStatus::Disconnected => "DISCONNECTED",
+                            TaskStatus::Error => "ERROR",
+                        },
+                        "incarnation": t.incarnation,
+                        "error": t.error.as_ref().map(|e| e.display()),
+                    })
+                })
+                .collect::<Vec<_>>())
+        }
+        CtlCommand::Barriers => {
+            let s = state(&mut c).await?;
+            json!(s
+                .barriers()
+                .map(|(id, b)| json!({
+                    "id": id,
+                    "counter": b.counter,
+                    "status": format!("{:?}", b.status()).to_uppercase(),
+                    "participants": b.participants,
+                    "arrived": b.arrivals.keys().collect::<Vec<_>>(),
+                    "deadline_ms": b.deadline_ms,
+                    "error": b.error.as_ref().map(|e| e.display()),
+                }))
+                .collect::<Vec<_>>())
+        }
+        CtlCommand::ResetJob { tasks } => {
+            let config = match tasks {
+                Some(n) => {
+                    let mut cfg = state(&mut c)
+                        .await?
+                        .config()
+                        .cloned()
+                        .unwrap_or_else(ClusterConfig::default);
+                    cfg.jobs = vec![journal::pb::JobSpec {
+                        name: journal::JAX_JOB.into(),
+                        count: n,
+                    }];
+                    Some(cfg)
+                }
+                None => None,
+            };
+            let out = propose(
+                &mut c,
+                Command::ResetJobEpoch(ResetJobEpoch {
+                    service_incarnation: rand::random(),
+                    config,
+                }),
+            )
+            .await?;
+            json!({"service_incarnation": out.incarnation})
+        }
+    };
+    Ok(serde_json::to_string_pretty(&out)?)
+}

@@ -1,0 +1,181 @@
+//! coordstore's own `Node` API: status, raw proposals, linearizable reads.
+
+use std::sync::Arc;
+
+use journal::Update;
+use prost::Message;
+use proto::coordstore::node_server::{Node, NodeServer};
+use proto::coordstore::{
+    KvGetRequest, KvGetResponse, KvListRequest, KvListResponse, KvPair, Member, ProposeRequest,
+    ProposeResponse, StateRequest, StateResponse, StatusRequest, StatusResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::core::{was_forwarded, Core};
+
+/// The `Node` service of one node.
+pub struct NodeApi {
+    core: Arc<Core>,
+}
+
+impl NodeApi {
+    /// The tonic service.
+    pub fn server(core: Arc<Core>, max_message_bytes: usize) -> NodeServer<NodeApi> {
+        NodeServer::new(NodeApi { core })
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+}
+
+/// This node's status.
+pub fn status(core: &Core) -> StatusResponse {
+    let node = core.node();
+    let m = node.metrics();
+    let leader = m.current_leader;
+    let members = node
+        .members()
+        .into_iter()
+        .map(|(id, address, voter)| Member {
+            id,
+            role: if Some(id) == leader {
+                "leader"
+            } else if !voter {
+                "learner"
+            } else {
+                "follower"
+            }
+            .into(),
+            address,
+        })
+        .collect();
+    let state = node.state();
+    StatusResponse {
+        node_id: node.id(),
+        leader_id: leader.unwrap_or(0),
+        term: m.current_term,
+        members,
+        last_applied: m.last_applied.map_or(0, |l| l.index),
+        service_incarnation: state.read(|s| s.service_incarnation()),
+        address: node.address().to_string(),
+        role: node.role().as_str().into(),
+        state_digest: state.digest_hex(),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        snapshot_index: m.snapshot.map_or(0, |l| l.index),
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeApi {
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(status(&self.core)))
+    }
+
+    async fn propose(
+        &self,
+        req: Request<ProposeRequest>,
+    ) -> Result<Response<ProposeResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let update = Update::decode(req.into_inner().update.as_ref())
+            .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
+        let applied = self.core.propose(update, may_forward).await?;
+        Ok(Response::new(ProposeResponse {
+            outcome: applied.outcome.encode_to_vec().into(),
+            log_index: applied.log_index,
+        }))
+    }
+
+    async fn kv_get(&self, req: Request<KvGetRequest>) -> Result<Response<KvGetResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let r = req.into_inner();
+        let key = r.key.clone();
+        let core = &self.core;
+        let reply = core
+            .on_leader(
+                may_forward,
+                || async {
+                    core.read_barrier().await?;
+                    Ok(core.node().state().read(|s| match s.kv_entry(&key) {
+                        Some(e) => KvGetResponse {
+                            found: true,
+                            value: e.value.clone(),
+                            mod_revision: e.mod_revision,
+                        },
+                        None => KvGetResponse::default(),
+                    }))
+                },
+                |mut c| {
+                    let r = r.clone();
+                    async move { Ok(c.kv_get(forwarded(r)).await?.into_inner()) }
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn kv_list(
+        &self,
+        req: Request<KvListRequest>,
+    ) -> Result<Response<KvListResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let r = req.into_inner();
+        let core = &self.core;
+        let (prefix, limit) = (r.prefix.clone(), r.limit as usize);
+        let reply = core
+            .on_leader(
+                may_forward,
+                || async {
+                    core.read_barrier().await?;
+                    Ok(core.node().state().read(|s| {
+                        let pair = |(k, e): (&str, &journal::pb::KvRecord)| KvPair {
+                            key: k.to_string(),
+                            value: e.value.clone(),
+                        };
+                        let take = if limit == 0 { usize::MAX } else { limit };
+                        let entries = if journal::normalize_key(&prefix).is_empty() {
+                            s.kv_all().take(take).map(pair).collect()
+                        } else {
+                            s.kv_dir(&prefix).into_iter().take(take).map(pair).collect()
+                        };
+                        KvListResponse {
+                            entries,
+                            revision: s.kv_revision(),
+                        }
+                    }))
+                },
+                |mut c| {
+                    let r = r.clone();
+                    async move { Ok(c.kv_list(forwarded(r)).await?.into_inner()) }
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn state(&self, req: Request<StateRequest>) -> Result<Response<StateResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let core = &self.core;
+        let reply = core
+            .on_leader(
+                may_forward,
+                || async {
+                    core.read_barrier().await?;
+                    let state = core.node().state();
+                    Ok(StateResponse {
+                        snapshot: state.read(|s| s.encode_snapshot()).into(),
+                        last_applied: state.last_applied().map_or(0, |l| l.index),
+                    })
+                },
+                |mut c| async move { Ok(c.state(forwarded(StateRequest {})).await?.into_inner()) },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+}
+
+/// A request marked as forwarded.
+fn forwarded<T>(msg: T) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(crate::core::FORWARDED, "1".parse().expect("ascii"));
+    req
+}
