@@ -105,6 +105,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
                 "role": s.role,
                 "last_log_index": s.last_log_index,
                 "snapshot_index": s.snapshot_index,
+                "purged_index": s.purged_index,
                 "state_digest": s.state_digest,
             })
         }

@@ -1,3 +1,379 @@
 //! coordstore-tests: tests at the edges — real `coordstore` processes on
-//! loopback, SIGKILL fault injection, stock jaxlib and TensorFlow clients.
-//! Shared helpers live here; the tests are in `tests/`.
+//! loopback with real sled dirs, SIGKILL fault injection, stock jaxlib and
+//! TensorFlow clients. This library is the shared harness: it starts nodes
+//! on free 127.0.0.1 ports, kills them (also when the test panics, and via
+//! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use journal::pb::{update::Command as Cmd, KvInsert, Origin};
+use journal::Update;
+use prost::Message;
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::{
+    KvGetRequest, KvListRequest, ProposeRequest, StatusRequest, StatusResponse,
+};
+use tonic::transport::Channel;
+
+/// The `coordstore` binary of this build (next to the test executable's
+/// `deps/` folder). `cargo test --workspace` builds it.
+pub fn coordstore_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("COORDSTORE_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("coordstore");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p coordstore-service` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One `coordstore serve` process.
+pub struct NodeProc {
+    /// Node id.
+    pub id: u64,
+    /// HOST:PORT.
+    pub addr: String,
+    /// Its data dir.
+    pub data_dir: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("node log file");
+        let mut cmd = Command::new(coordstore_bin());
+        cmd.arg("serve")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; the child dies with this process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.child = Some(cmd.spawn().expect("spawn coordstore"));
+    }
+
+    /// SIGKILLs the process (no-op if it is not running).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// The node's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A cluster of `coordstore` processes on loopback in a temp dir.
+pub struct Cluster {
+    /// The nodes, index i has id i + 1.
+    pub nodes: Vec<NodeProc>,
+    /// The temp dir holding data dirs and logs.
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` nodes that form one cluster; `extra` flags go to every node.
+    pub fn start(n: usize, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let cluster = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            let id = i as u64 + 1;
+            let data_dir = dir.path().join(format!("node{id}"));
+            let mut args: Vec<String> = vec![
+                "--node-id".into(),
+                id.to_string(),
+                "--listen".into(),
+                addr.clone(),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+                "--cluster".into(),
+                cluster.clone(),
+                "--raft-heartbeat-ms".into(),
+                "100".into(),
+                "--election-timeout-ms".into(),
+                "800".into(),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let mut node = NodeProc {
+                id,
+                addr: addr.clone(),
+                data_dir,
+                args,
+                log: dir.path().join(format!("node{id}.log")),
+                child: None,
+            };
+            node.spawn();
+            nodes.push(node);
+        }
+        Cluster { nodes, dir }
+    }
+
+    /// SIGKILLs node `i` (index, not id).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// Starts node `i` again with its data dir.
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.nodes[i].spawn();
+    }
+
+    /// Every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- node {} ---\n{}", n.id, tail(&n.log(), 40)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A client of node `i`, connecting with retries for up to `wait`.
+    pub async fn client(&self, i: usize, wait: Duration) -> NodeClient<Channel> {
+        connect(&self.nodes[i].addr, wait).await
+    }
+
+    /// Waits until every running node `i` in `among` agrees on one leader;
+    /// returns the leader's index.
+    pub async fn wait_leader(&self, among: &[usize], wait: Duration) -> usize {
+        let deadline = Instant::now() + wait;
+        loop {
+            let mut leaders = BTreeMap::new();
+            for &i in among {
+                if let Some(s) = try_status(&self.nodes[i].addr).await {
+                    if s.leader_id != 0 {
+                        leaders.insert(i, s.leader_id);
+                    }
+                }
+            }
+            let ids: std::collections::BTreeSet<u64> = leaders.values().copied().collect();
+            if leaders.len() == among.len() && ids.len() == 1 {
+                let id = *ids.iter().next().expect("one leader");
+                return (id - 1) as usize;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {among:?} within {wait:?}: {leaders:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until nodes `among` have applied the same index and hold the
+    /// same state digest; returns that digest.
+    pub async fn wait_converged(&self, among: &[usize], wait: Duration) -> String {
+        let deadline = Instant::now() + wait;
+        loop {
+            let mut seen = Vec::new();
+            for &i in among {
+                seen.push(try_status(&self.nodes[i].addr).await);
+            }
+            let all: Vec<&StatusResponse> = seen.iter().flatten().collect();
+            if all.len() == among.len()
+                && all.windows(2).all(|w| {
+                    w[0].last_applied == w[1].last_applied && w[0].state_digest == w[1].state_digest
+                })
+            {
+                return all[0].state_digest.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nodes {among:?} did not converge within {wait:?}: {:?}\n{}",
+                all.iter()
+                    .map(|s| (s.node_id, s.last_applied, s.state_digest.clone()))
+                    .collect::<Vec<_>>(),
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Connects to `addr`, retrying until `wait` passes.
+pub async fn connect(addr: &str, wait: Duration) -> NodeClient<Channel> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_timeout(Duration::from_millis(500));
+        match ep.connect().await {
+            Ok(ch) => {
+                return NodeClient::new(ch)
+                    .max_decoding_message_size(1 << 30)
+                    .max_encoding_message_size(1 << 30)
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "cannot connect to {addr}: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The status of the node at `addr`, if it answers within a second.
+pub async fn try_status(addr: &str) -> Option<StatusResponse> {
+    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(Duration::from_millis(300))
+        .timeout(Duration::from_secs(1));
+    let ch = ep.connect().await.ok()?;
+    let mut c = NodeClient::new(ch);
+    c.status(StatusRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// A writer with its own exactly-once origin (client id, sequence).
+pub struct Writer {
+    client_id: u64,
+    seq: u64,
+}
+
+impl Default for Writer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Writer {
+    /// A writer with a random client id.
+    pub fn new() -> Self {
+        Writer {
+            client_id: rand::random::<u64>() | 1,
+            seq: 0,
+        }
+    }
+
+    /// Inserts `key` = `value` (overwrite allowed) through `client`, retrying
+    /// the same origin on transport errors until `wait` passes. Returns the
+    /// outcome's error message, if the store refused it.
+    pub async fn put(
+        &mut self,
+        client: &mut NodeClient<Channel>,
+        key: &str,
+        value: &[u8],
+        wait: Duration,
+    ) -> Result<(), String> {
+        self.seq += 1;
+        let u = Update {
+            origin: Some(Origin {
+                client_id: self.client_id,
+                seq: self.seq,
+            }),
+            command: Some(Cmd::KvInsert(KvInsert {
+                key: key.into(),
+                value: value.to_vec().into(),
+                allow_overwrite: true,
+            })),
+            ..Default::default()
+        };
+        let bytes = u.encode_to_vec();
+        let deadline = Instant::now() + wait;
+        loop {
+            let r = client
+                .propose(ProposeRequest {
+                    update: bytes.clone().into(),
+                })
+                .await;
+            match r {
+                Ok(reply) => {
+                    let out = journal::Outcome::decode(reply.into_inner().outcome.as_ref())
+                        .map_err(|e| e.to_string())?;
+                    return match out.error {
+                        Some(e) => Err(e.display()),
+                        None => Ok(()),
+                    };
+                }
+                Err(s) if Instant::now() < deadline => {
+                    let _ = s;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(s) => return Err(format!("gave up: {s}")),
+            }
+        }
+    }
+}
+
+/// The value at `key`, read linearizably through `client`.
+pub async fn kv_get(client: &mut NodeClient<Channel>, key: &str) -> Option<Vec<u8>> {
+    let r = client
+        .kv_get(KvGetRequest { key: key.into() })
+        .await
+        .expect("kv_get")
+        .into_inner();
+    r.found.then(|| r.value.to_vec())
+}
+
+/// Every key under `prefix` ("" = all), read linearizably.
+pub async fn kv_keys(client: &mut NodeClient<Channel>, prefix: &str) -> Vec<String> {
+    client
+        .kv_list(KvListRequest {
+            prefix: prefix.into(),
+            limit: 0,
+        })
+        .await
+        .expect("kv_list")
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| e.key)
+        .collect()
+}

@@ -1,0 +1,160 @@
+//! Replicated journal with real processes and real sled dirs: a node killed
+//! mid-stream catches up, a whole-cluster crash keeps every acknowledged
+//! write, a node that missed purged log entries catches up by snapshot, and
+//! a foreign data dir is refused.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coordstore_tests::{coordstore_bin, free_port, kv_keys, try_status, Cluster, Writer};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Runs `writers` concurrent writers of `per_writer` keys each against node
+/// `target`; returns the acknowledged keys and a live counter of acks.
+fn spawn_writers(
+    cluster: &Cluster,
+    target: usize,
+    writers: usize,
+    per_writer: usize,
+    give_up: Duration,
+) -> (
+    Vec<tokio::task::JoinHandle<()>>,
+    Arc<Mutex<Vec<String>>>,
+    Arc<AtomicUsize>,
+) {
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    let addr = cluster.nodes[target].addr.clone();
+    let handles = (0..writers)
+        .map(|w| {
+            let (acked, count, addr) = (acked.clone(), count.clone(), addr.clone());
+            tokio::spawn(async move {
+                let mut client = coordstore_tests::connect(&addr, WAIT).await;
+                let mut writer = Writer::new();
+                for i in 0..per_writer {
+                    let key = format!("w{w}/k{i}");
+                    match writer.put(&mut client, &key, key.as_bytes(), give_up).await {
+                        Ok(()) => {
+                            acked.lock().unwrap().push(key);
+                            count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(_) => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    (handles, acked, count)
+}
+
+async fn wait_count(count: &AtomicUsize, at_least: usize) {
+    while count.load(Ordering::SeqCst) < at_least {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_killed_mid_stream_catches_up_with_the_same_digest() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let follower = (leader + 1) % 3;
+    let (writers, _acked, count) = spawn_writers(&cluster, leader, 16, 625, WAIT);
+    wait_count(&count, 2500).await;
+    cluster.kill(follower);
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 10_000, "{}", cluster.logs());
+    cluster.restart(follower);
+    cluster.wait_converged(&[0, 1, 2], WAIT).await;
+    let mut client = cluster.client(leader, WAIT).await;
+    assert_eq!(kv_keys(&mut client, "").await.len(), 10_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_crash_keeps_every_acknowledged_write() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    // Writers give up soon after the crash; only acknowledged keys count.
+    let (writers, acked, count) =
+        spawn_writers(&cluster, leader, 8, 100_000, Duration::from_millis(500));
+    wait_count(&count, 1500).await;
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let acked: BTreeSet<String> = acked.lock().unwrap().iter().cloned().collect();
+    assert!(acked.len() >= 1500);
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let mut client = cluster.client(leader, WAIT).await;
+    let present: BTreeSet<String> = kv_keys(&mut client, "").await.into_iter().collect();
+    let lost: Vec<&String> = acked.difference(&present).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    cluster.wait_converged(&[0, 1, 2], WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_purged_log_catches_up_by_snapshot() {
+    let mut cluster = Cluster::start(
+        3,
+        &["--snapshot-every", "300", "--keep-behind-snapshot", "50"],
+    );
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let lagging = (leader + 1) % 3;
+    let before = try_status(&cluster.nodes[lagging].addr)
+        .await
+        .expect("status of the node to stop");
+    cluster.kill(lagging);
+    let (writers, _, count) = spawn_writers(&cluster, leader, 8, 250, WAIT);
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 2000);
+    let leader_status = try_status(&cluster.nodes[leader].addr).await.unwrap();
+    assert!(
+        leader_status.purged_index > before.last_log_index,
+        "the leader must have purged past the stopped node's log: purged {} vs {}",
+        leader_status.purged_index,
+        before.last_log_index
+    );
+    cluster.restart(lagging);
+    cluster.wait_converged(&[0, 1, 2], WAIT).await;
+    let after = try_status(&cluster.nodes[lagging].addr).await.unwrap();
+    assert!(
+        after.snapshot_index > before.last_log_index,
+        "the node must hold an installed snapshot: {after:?}"
+    );
+}
+
+#[test]
+fn a_data_dir_of_another_node_is_refused_with_its_path() {
+    let mut cluster = Cluster::start(1, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_leader(&[0], WAIT));
+    cluster.kill(0);
+    let dir = cluster.nodes[0].data_dir.clone();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let out = std::process::Command::new(coordstore_bin())
+        .args(["serve", "--node-id", "2", "--listen", &addr, "--data-dir"])
+        .arg(&dir)
+        .args(["--cluster", &format!("2={addr}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
+    assert!(stderr.contains("belongs to node 1"), "{stderr}");
+}
