@@ -12,19 +12,22 @@ use coordstore_tests::{coordstore_bin, free_port, kv_keys, try_status, Cluster, 
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// Writer tasks, the keys they had acknowledged, and a live count of acks.
+type Writers = (
+    Vec<tokio::task::JoinHandle<()>>,
+    Arc<Mutex<Vec<String>>>,
+    Arc<AtomicUsize>,
+);
+
 /// Runs `writers` concurrent writers of `per_writer` keys each against node
-/// `target`; returns the acknowledged keys and a live counter of acks.
+/// `target`.
 fn spawn_writers(
     cluster: &Cluster,
     target: usize,
     writers: usize,
     per_writer: usize,
     give_up: Duration,
-) -> (
-    Vec<tokio::task::JoinHandle<()>>,
-    Arc<Mutex<Vec<String>>>,
-    Arc<AtomicUsize>,
-) {
+) -> Writers {
     let acked = Arc::new(Mutex::new(Vec::new()));
     let count = Arc::new(AtomicUsize::new(0));
     let addr = cluster.nodes[target].addr.clone();
