@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use journal::pb::Origin;
-use journal::Update;
+use journal::{DomainError, State, Update};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
-use proto::coordstore::ProposeRequest;
+use proto::coordstore::{HeartbeatRequest, ProposeRequest, ReadIndexRequest};
 use raft::{Applied, ProposeError, RaftNode, Role};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+
+use crate::runtime::LeaderRuntime;
 
 /// gRPC metadata key marking a call forwarded by another node; such a call
 /// is never forwarded again (no forwarding loops while leadership moves).
@@ -45,6 +47,7 @@ pub struct Retry(pub String);
 /// The core of one node.
 pub struct Core {
     node: Arc<RaftNode>,
+    runtime: Arc<LeaderRuntime>,
     client_id: u64,
     seq: AtomicU64,
     leader_wait: Duration,
@@ -56,6 +59,7 @@ impl Core {
     pub fn new(node: Arc<RaftNode>, leader_wait: Duration, max_message_bytes: usize) -> Self {
         Core {
             node,
+            runtime: Arc::new(LeaderRuntime::default()),
             client_id: rand::random::<u64>() | 1,
             seq: AtomicU64::new(0),
             leader_wait,
@@ -66,6 +70,11 @@ impl Core {
     /// The node.
     pub fn node(&self) -> &Arc<RaftNode> {
         &self.node
+    }
+
+    /// The leader runtime (idle while this node follows).
+    pub fn runtime(&self) -> &Arc<LeaderRuntime> {
+        &self.runtime
     }
 
     /// Gives `u` an origin if it has none.
@@ -191,6 +200,111 @@ impl Core {
             .await
             .map_err(|e| Retry(e.to_string()))
     }
+
+    /// The leader's read index: an applied index whose state is safe to read.
+    pub async fn read_index(&self, may_forward: bool) -> Result<u64, Status> {
+        self.on_leader(
+            may_forward,
+            || async {
+                self.read_barrier().await?;
+                Ok(self.applied_index())
+            },
+            |mut c| async move {
+                Ok(c.read_index(forwarded(ReadIndexRequest {}))
+                    .await?
+                    .into_inner()
+                    .index)
+            },
+        )
+        .await
+    }
+
+    /// Makes the local state safe for a linearizable read (ReadIndex: the
+    /// leader confirms its leadership; this node then waits until it has
+    /// applied up to the leader's index).
+    pub async fn linearizable(&self) -> Result<(), Status> {
+        let index = self.read_index(true).await?;
+        self.wait_applied(index).await
+    }
+
+    /// The last applied log index of this node.
+    pub fn applied_index(&self) -> u64 {
+        self.node.state().last_applied().map_or(0, |l| l.index)
+    }
+
+    /// Waits until this node has applied `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<(), Status> {
+        let mut rx = self.node.state().subscribe();
+        while *rx.borrow_and_update() < index {
+            rx.changed()
+                .await
+                .map_err(|_| Status::unavailable("the node is shutting down"))?;
+        }
+        Ok(())
+    }
+
+    /// Waits on the local state, from `log_index` on, until `check` answers.
+    /// A job-epoch reset underneath the wait ends it with ABORTED.
+    pub async fn wait_for<T>(
+        &self,
+        log_index: u64,
+        mut check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
+    ) -> Result<Result<T, DomainError>, Status> {
+        self.wait_applied(log_index).await?;
+        let state = self.node.state();
+        let epoch = state.read(|s| s.epoch());
+        let mut rx = state.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let answer = state.read(|s| {
+                if s.epoch() != epoch {
+                    Some(Err(journal::errors::epoch_reset()))
+                } else {
+                    check(s)
+                }
+            });
+            if let Some(a) = answer {
+                return Ok(a);
+            }
+            rx.changed()
+                .await
+                .map_err(|_| Status::unavailable("the node is shutting down"))?;
+        }
+    }
+
+    /// Delivers a task's heartbeat to the leader runtime.
+    pub async fn heartbeat(
+        &self,
+        task: u32,
+        incarnation: u64,
+        may_forward: bool,
+    ) -> Result<Result<(), DomainError>, Status> {
+        self.on_leader(
+            may_forward,
+            || async { Ok(self.runtime.heartbeat(self, task, incarnation).await) },
+            |mut c| async move {
+                let reply = c
+                    .heartbeat(forwarded(HeartbeatRequest { task, incarnation }))
+                    .await?
+                    .into_inner();
+                if reply.error.is_empty() {
+                    return Ok(Ok(()));
+                }
+                let e = DomainError::decode(reply.error.as_ref())
+                    .map_err(|e| Status::internal(format!("bad heartbeat answer: {e}")))?;
+                Ok(Err(e))
+            },
+        )
+        .await
+    }
+}
+
+/// A request marked as forwarded by this node.
+pub fn forwarded<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert(FORWARDED, "1".parse().expect("ascii"));
+    req
 }
 
 /// Whether a failed forward may be retried (possibly at another leader).

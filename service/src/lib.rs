@@ -6,7 +6,10 @@
 //! coordstore's own `Node` API and the Raft peer service.
 
 pub mod config;
+pub mod coord;
 pub mod core;
 pub mod ctl;
+pub mod dialect;
 pub mod node_api;
+pub mod runtime;
 pub mod server;

@@ -6,12 +6,13 @@ use journal::Update;
 use prost::Message;
 use proto::coordstore::node_server::{Node, NodeServer};
 use proto::coordstore::{
-    KvGetRequest, KvGetResponse, KvListRequest, KvListResponse, KvPair, Member, ProposeRequest,
-    ProposeResponse, StateRequest, StateResponse, StatusRequest, StatusResponse,
+    HeartbeatRequest, HeartbeatResponse, KvGetRequest, KvGetResponse, KvListRequest,
+    KvListResponse, KvPair, Member, ProposeRequest, ProposeResponse, ReadIndexRequest,
+    ReadIndexResponse, StateRequest, StateResponse, StatusRequest, StatusResponse,
 };
 use tonic::{Request, Response, Status};
 
-use crate::core::{was_forwarded, Core};
+use crate::core::{forwarded, was_forwarded, Core};
 
 /// The `Node` service of one node.
 pub struct NodeApi {
@@ -171,12 +172,30 @@ impl Node for NodeApi {
             .await?;
         Ok(Response::new(reply))
     }
-}
 
-/// A request marked as forwarded.
-fn forwarded<T>(msg: T) -> Request<T> {
-    let mut req = Request::new(msg);
-    req.metadata_mut()
-        .insert(crate::core::FORWARDED, "1".parse().expect("ascii"));
-    req
+    async fn read_index(
+        &self,
+        req: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
+        let index = self.core.read_index(!was_forwarded(&req)).await?;
+        Ok(Response::new(ReadIndexResponse { index }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let r = req.into_inner();
+        let answer = self
+            .core
+            .heartbeat(r.task, r.incarnation, may_forward)
+            .await?;
+        Ok(Response::new(HeartbeatResponse {
+            error: answer
+                .err()
+                .map(|e| e.encode_to_vec().into())
+                .unwrap_or_default(),
+        }))
+    }
 }

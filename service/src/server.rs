@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::ServeConfig;
+use crate::coord::Coordination;
 use crate::core::Core;
+use crate::dialect::{tf::TfService, xla::XlaService};
 use crate::node_api::NodeApi;
 
 /// A running node.
@@ -70,11 +72,15 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         cfg.max_message_bytes,
     ));
 
+    let coord = Coordination::new(core.clone(), Duration::from_millis(cfg.leader_wait_ms));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(node.peer_service())
-        .add_service(NodeApi::server(core.clone(), cfg.max_message_bytes));
+        .add_service(NodeApi::server(core.clone(), cfg.max_message_bytes))
+        .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
+        .add_service(TfService::server(coord, cfg.max_message_bytes));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(
         TcpListenerStream::new(listener),
         async {
@@ -85,10 +91,10 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     if let Err(e) = node.bootstrap(&cfg.cluster).await {
         tracing::warn!("bootstrap: {e}");
     }
-    let tasks = vec![tokio::spawn(init_service_when_leader(
-        core.clone(),
-        cfg.clone(),
-    ))];
+    let tasks = vec![
+        tokio::spawn(init_service_when_leader(core.clone(), cfg.clone())),
+        tokio::spawn(core.runtime().clone().run(core.clone())),
+    ];
     Ok(RunningNode {
         core,
         addr,

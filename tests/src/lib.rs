@@ -377,3 +377,85 @@ pub async fn kv_keys(client: &mut NodeClient<Channel>, prefix: &str) -> Vec<Stri
         .map(|e| e.key)
         .collect()
 }
+
+/// Helpers for the coordination dialects' gRPC clients.
+pub mod wire {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use prost::Message;
+    use proto::payloads::GrpcPayloadContainer;
+    use tonic::transport::Channel;
+
+    /// An `xla.coordination` client of `addr` (connects with retries).
+    pub async fn xla(
+        addr: &str,
+    ) -> proto::xla::coordination_service_client::CoordinationServiceClient<Channel> {
+        proto::xla::coordination_service_client::CoordinationServiceClient::new(channel(addr).await)
+            .max_decoding_message_size(1 << 30)
+            .max_encoding_message_size(1 << 30)
+    }
+
+    /// A `tensorflow` dialect client of `addr`.
+    pub async fn tf(
+        addr: &str,
+    ) -> proto::tf::coordination_service_client::CoordinationServiceClient<Channel> {
+        proto::tf::coordination_service_client::CoordinationServiceClient::new(channel(addr).await)
+    }
+
+    /// A channel to `addr`, connecting with retries for up to 30 s.
+    pub async fn channel(addr: &str) -> Channel {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint")
+                .connect_timeout(Duration::from_millis(500));
+            match ep.connect().await {
+                Ok(ch) => return ch,
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "cannot connect to {addr}: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// The payload container of an error status (empty map without trailer).
+    pub fn payloads(s: &tonic::Status) -> HashMap<String, Vec<u8>> {
+        if s.details().is_empty() {
+            return HashMap::new();
+        }
+        GrpcPayloadContainer::decode(s.details())
+            .expect("grpc-status-details-bin is a GrpcPayloadContainer")
+            .payloads
+    }
+
+    /// The decoded xla BarrierError payload, if any.
+    pub fn barrier_error(s: &tonic::Status) -> Option<proto::xla::BarrierError> {
+        payloads(s)
+            .get(proto::payload_keys::BARRIER_ERROR)
+            .map(|b| proto::xla::BarrierError::decode(b.as_slice()).expect("BarrierError"))
+    }
+
+    /// The decoded xla CoordinationServiceError payload, if any.
+    pub fn coordination_error(s: &tonic::Status) -> Option<proto::xla::CoordinationServiceError> {
+        payloads(s)
+            .get(proto::payload_keys::COORDINATION_SERVICE_ERROR)
+            .map(|b| {
+                proto::xla::CoordinationServiceError::decode(b.as_slice())
+                    .expect("CoordinationServiceError")
+            })
+    }
+
+    /// The `Incarnations` field of xla requests.
+    pub fn inc(task_id: i32, service_incarnation: u64) -> Option<proto::xla::Incarnations> {
+        Some(proto::xla::Incarnations {
+            task_id,
+            task_incarnation: 0,
+            service_incarnation,
+        })
+    }
+}

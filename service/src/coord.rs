@@ -1,0 +1,375 @@
+//! The coordination operations both wire dialects share. An adapter resolves
+//! wire task names to task indices and calls these; each operation proposes
+//! its update through the core (leader, forwarding, exactly-once retries) and,
+//! for calls that wait, waits on this node's applied state — so a wait never
+//! depends on which node is leader, and survives a failover untouched.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use journal::pb::{
+    update::Command, AliveTasks as AliveCmd, BarrierArrive, BarrierCancel, Code, KvDelete,
+    KvIncrement, KvInsert, PollForError, RegisterTask, ReportError, ResetTask, ShutdownTask,
+    TaskEntry, WaitForAllTasks,
+};
+use journal::{errors, AliveTasks, DomainError, Outcome, State, Update};
+use raft::Applied;
+use tonic::Status;
+
+use crate::core::Core;
+
+/// A failed coordination call: a domain error (mapped to the dialect's wire
+/// error) or a transport-level status (no leader, shutting down).
+#[derive(Debug)]
+pub enum CallError {
+    /// The state machine's answer.
+    Domain(DomainError),
+    /// The call could not be carried out.
+    Status(Status),
+}
+
+impl From<Status> for CallError {
+    fn from(s: Status) -> Self {
+        CallError::Status(s)
+    }
+}
+
+impl From<DomainError> for CallError {
+    fn from(e: DomainError) -> Self {
+        CallError::Domain(e)
+    }
+}
+
+/// Result of a coordination call.
+pub type CallResult<T> = Result<T, CallError>;
+
+/// A task as WatchTasks reports it.
+#[derive(Clone, Debug)]
+pub struct TaskView {
+    /// Dense index.
+    pub index: u32,
+    /// Stored entry.
+    pub entry: TaskEntry,
+}
+
+/// The shared coordination operations of one node.
+#[derive(Clone)]
+pub struct Coordination {
+    core: Arc<Core>,
+    ready_wait: Duration,
+}
+
+fn flatten<T>(r: Result<Result<T, DomainError>, Status>) -> CallResult<T> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(CallError::Domain(e)),
+        Err(s) => Err(CallError::Status(s)),
+    }
+}
+
+impl Coordination {
+    /// Operations over `core`; a call waits up to `ready_wait` for the
+    /// service to be configured before answering UNAVAILABLE.
+    pub fn new(core: Arc<Core>, ready_wait: Duration) -> Self {
+        Coordination { core, ready_wait }
+    }
+
+    /// The core.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// Reads the local state.
+    pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        self.core.node().state().read(f)
+    }
+
+    /// Waits until this node has applied the service configuration (the
+    /// first leader proposes it). UNAVAILABLE (no payload: clients retry)
+    /// if it does not come in time.
+    pub async fn ready(&self) -> Result<(), Status> {
+        if self.read(|s| s.is_initialized()) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.ready_wait;
+        let mut rx = self.core.node().state().subscribe();
+        loop {
+            rx.borrow_and_update();
+            if self.read(|s| s.is_initialized()) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err(Status::unavailable(
+                    "the coordination service is not configured yet (no leader has been elected)",
+                ));
+            }
+        }
+    }
+
+    /// The service incarnation, checked against a caller's. A mismatch seen
+    /// locally is confirmed with a linearizable read before it is reported.
+    pub async fn check_service_incarnation(&self, requested: u64) -> CallResult<()> {
+        if self.read(|s| s.service_incarnation()) == requested {
+            return Ok(());
+        }
+        self.core.linearizable().await?;
+        let current = self.read(|s| s.service_incarnation());
+        if current == requested {
+            Ok(())
+        } else {
+            Err(errors::wrong_service_incarnation(requested, current).into())
+        }
+    }
+
+    async fn propose(&self, command: Command) -> CallResult<(Applied, Outcome)> {
+        let applied = self
+            .core
+            .propose(
+                Update {
+                    command: Some(command),
+                    ..Default::default()
+                },
+                true,
+            )
+            .await?;
+        let outcome = applied.outcome.clone();
+        if let Some(e) = outcome.error.clone() {
+            return Err(CallError::Domain(e));
+        }
+        Ok((applied, outcome))
+    }
+
+    async fn wait<T>(
+        &self,
+        applied: &Applied,
+        check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
+    ) -> CallResult<T> {
+        flatten(self.core.wait_for(applied.log_index, check).await)
+    }
+
+    /// RegisterTask: answers the service incarnation once the task is
+    /// connected (after the registration barrier, if configured).
+    pub async fn register(&self, task: u32, incarnation: u64) -> CallResult<u64> {
+        let (applied, out) = self
+            .propose(Command::RegisterTask(RegisterTask { task, incarnation }))
+            .await?;
+        let inc = if out.parked {
+            self.wait(&applied, |s| s.registration_result(task, incarnation))
+                .await?
+        } else {
+            out.incarnation
+        };
+        // A (re)registration counts as a heartbeat for the leader's liveness.
+        let _ = self.core.heartbeat(task, incarnation, true).await;
+        Ok(inc)
+    }
+
+    /// Heartbeat, checked and recorded by the leader runtime.
+    pub async fn heartbeat(&self, task: u32, incarnation: u64) -> CallResult<u64> {
+        flatten(self.core.heartbeat(task, incarnation, true).await)?;
+        Ok(self.read(|s| s.service_incarnation()))
+    }
+
+    /// ShutdownTask (waits at the shutdown barrier if configured).
+    pub async fn shutdown(&self, task: u32) -> CallResult<()> {
+        let (applied, out) = self
+            .propose(Command::ShutdownTask(ShutdownTask { task }))
+            .await?;
+        if out.parked {
+            let call = out.call_id;
+            self.wait(&applied, |s| s.shutdown_result(task, call))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// ResetTask (TensorFlow dialect).
+    pub async fn reset(&self, task: u32) -> CallResult<()> {
+        self.propose(Command::ResetTask(ResetTask { task })).await?;
+        Ok(())
+    }
+
+    /// ReportErrorToService.
+    pub async fn report_error(&self, task: u32, code: i32, message: String) -> CallResult<()> {
+        let code = Code::try_from(code).unwrap_or(Code::Unknown);
+        self.propose(Command::ReportError(ReportError {
+            task,
+            code: code as i32,
+            message,
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// PollForError: ends only with an error (the propagated one, or
+    /// CANCELLED on disconnect / a newer poll).
+    pub async fn poll_for_error(&self, task: u32) -> CallError {
+        let (applied, out) = match self
+            .propose(Command::PollForError(PollForError { task }))
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        let call = out.call_id;
+        match self
+            .wait(&applied, |s| s.poll_result(task, call).map(Err::<(), _>))
+            .await
+        {
+            Ok(()) => CallError::Status(Status::internal("PollForError ended without an error")),
+            Err(e) => e,
+        }
+    }
+
+    /// WatchTasks: every task at a version other than `version`, waiting for
+    /// the next change when `version` is the current one.
+    pub async fn watch_tasks(&self, version: i64) -> CallResult<(Vec<TaskView>, i64)> {
+        self.core.linearizable().await?;
+        let index = self.core.applied_index();
+        let views = self
+            .core
+            .wait_for(index, |s| {
+                s.watch_tasks_ready(version).then(|| {
+                    let views = (0..s.task_count())
+                        .map(|i| TaskView {
+                            index: i,
+                            entry: s.task(i).cloned().unwrap_or_default(),
+                        })
+                        .collect();
+                    Ok((views, s.tasks_version()))
+                })
+            })
+            .await;
+        flatten(views)
+    }
+
+    /// InsertKeyValue.
+    pub async fn kv_insert(
+        &self,
+        key: String,
+        value: Bytes,
+        allow_overwrite: bool,
+    ) -> CallResult<()> {
+        self.propose(Command::KvInsert(KvInsert {
+            key,
+            value,
+            allow_overwrite,
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// GetKeyValue: the value once the key exists (no server-side timeout).
+    pub async fn kv_get_blocking(&self, key: &str) -> CallResult<Bytes> {
+        self.core.linearizable().await?;
+        let index = self.core.applied_index();
+        flatten(
+            self.core
+                .wait_for(index, |s| s.kv_get(key).map(|v| Ok(v.clone())))
+                .await,
+        )
+    }
+
+    /// TryGetKeyValue: NOT_FOUND if absent.
+    pub async fn kv_try_get(&self, key: &str) -> CallResult<Bytes> {
+        self.core.linearizable().await?;
+        self.read(|s| s.kv_get(key).cloned())
+            .ok_or_else(|| CallError::Domain(errors::key_not_found(key)))
+    }
+
+    /// GetKeyValueDir: entries under `dir`, stored (normalised) keys.
+    pub async fn kv_dir(&self, dir: &str) -> CallResult<Vec<(String, Bytes)>> {
+        self.core.linearizable().await?;
+        Ok(self.read(|s| {
+            s.kv_dir(dir)
+                .into_iter()
+                .map(|(k, e)| (k.to_string(), e.value.clone()))
+                .collect()
+        }))
+    }
+
+    /// IncrementKeyValue: the new value.
+    pub async fn kv_increment(&self, key: String, increment: i64) -> CallResult<i64> {
+        let (_, out) = self
+            .propose(Command::KvIncrement(KvIncrement { key, increment }))
+            .await?;
+        Ok(out.value)
+    }
+
+    /// DeleteKeyValue (always recursive).
+    pub async fn kv_delete(&self, key: String) -> CallResult<()> {
+        self.propose(Command::KvDelete(KvDelete { key })).await?;
+        Ok(())
+    }
+
+    /// Barrier: the instance counter once it passed.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn barrier(
+        &self,
+        id: String,
+        counter: i64,
+        timeout_ms: u64,
+        participants: Vec<u32>,
+        unknown_participant: String,
+        task: u32,
+    ) -> CallResult<i64> {
+        let (applied, out) = self
+            .propose(Command::BarrierArrive(BarrierArrive {
+                id: id.clone(),
+                counter,
+                timeout_ms,
+                participants,
+                task,
+                unknown_participant,
+            }))
+            .await?;
+        if !out.parked {
+            return Ok(out.value);
+        }
+        let call = out.call_id;
+        self.wait(&applied, |s| s.barrier_result(&id, counter, task, call))
+            .await
+    }
+
+    /// CancelBarrier.
+    pub async fn cancel_barrier(&self, id: String, counter: i64, task: u32) -> CallResult<()> {
+        self.propose(Command::BarrierCancel(BarrierCancel { id, counter, task }))
+            .await?;
+        Ok(())
+    }
+
+    /// GetAliveTasks rendezvous.
+    pub async fn alive_tasks(&self, task: u32, tasks: Vec<u32>) -> CallResult<AliveTasks> {
+        let (applied, out) = self
+            .propose(Command::AliveTasks(AliveCmd {
+                task,
+                tasks: tasks.clone(),
+            }))
+            .await?;
+        let generation = out.value as u64;
+        self.wait(&applied, |s| s.alive_result(&tasks, generation))
+            .await
+    }
+
+    /// WaitForAllTasks (TensorFlow dialect): every task's device info.
+    pub async fn wait_for_all_tasks(
+        &self,
+        task: u32,
+        device_info: Bytes,
+    ) -> CallResult<Vec<Bytes>> {
+        let (applied, out) = self
+            .propose(Command::WaitForAllTasks(WaitForAllTasks {
+                task,
+                device_info,
+            }))
+            .await?;
+        if out.parked {
+            let call = out.call_id;
+            self.wait(&applied, |s| s.wait_for_all_result(task, call))
+                .await?;
+        }
+        Ok(self.read(|s| s.cluster_device_info()))
+    }
+}

@@ -1,0 +1,321 @@
+//! `tensorflow.CoordinationService` (seed 003): named jobs addressed as
+//! `CoordinatedTask{job_name, task_id}`, WaitForAllTasks with device-info
+//! aggregation, ResetTask. No service-incarnation check on requests (the
+//! dialect carries none); barriers have no counters (counter 0, so a finished
+//! barrier id replays its result, as the seed documents).
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+use journal::errors::UnknownTaskIn as U;
+use journal::{task_name, DomainError};
+use prost::Message;
+use proto::payload_keys;
+use proto::tf::coordination_service_device_info::Type as DeviceType;
+use proto::tf::coordination_service_server::{CoordinationService, CoordinationServiceServer};
+use proto::tf::*;
+use tonic::codec::CompressionEncoding;
+use tonic::{Request, Response, Status};
+
+use super::{status_with_payloads, to_status};
+use crate::coord::{CallError, Coordination};
+
+type Reply<T> = Result<Response<T>, Status>;
+
+/// The tensorflow dialect service.
+pub struct TfService {
+    coord: Coordination,
+}
+
+impl TfService {
+    /// The tonic service: gzip accepted, message limits from the node config.
+    pub fn server(
+        coord: Coordination,
+        max_message_bytes: usize,
+    ) -> CoordinationServiceServer<TfService> {
+        CoordinationServiceServer::new(TfService { coord })
+            .accept_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+
+    fn status(&self, e: CallError) -> Status {
+        to_status(e, |d| self.domain_status(d))
+    }
+
+    fn domain_status(&self, e: &DomainError) -> Status {
+        let mut payloads = HashMap::new();
+        if e.coordination_payload {
+            let source_task = e.source_task.and_then(|i| {
+                self.coord.read(|s| {
+                    s.task_id(i).map(|(job, id)| CoordinatedTask {
+                        job_name: job.to_string(),
+                        task_id: id,
+                    })
+                })
+            });
+            let p = CoordinationServiceError {
+                is_reported_error: e.is_reported_error,
+                source_task,
+            };
+            payloads.insert(
+                payload_keys::COORDINATION_SERVICE_ERROR.to_string(),
+                p.encode_to_vec(),
+            );
+        }
+        status_with_payloads(e.code, &e.message, payloads)
+    }
+
+    fn task(&self, t: &Option<CoordinatedTask>, call: U) -> Result<u32, Status> {
+        let t = t.clone().unwrap_or_default();
+        self.coord
+            .read(|s| s.task_index(&t.job_name, t.task_id))
+            .ok_or_else(|| {
+                self.domain_status(&journal::errors::unknown_task(
+                    call,
+                    &task_name(&t.job_name, t.task_id),
+                ))
+            })
+    }
+}
+
+/// Aggregates per-task device info (each a serialized
+/// CoordinationServiceDeviceInfo) into the cluster's: TF device lists are
+/// concatenated; XLA topologies are merged the protobuf way (concatenating
+/// serialized messages merges them, which appends their repeated nodes).
+fn aggregate_devices(infos: Vec<Bytes>) -> CoordinationServiceDeviceInfo {
+    let mut tf_devices = Vec::new();
+    let mut xla = BytesMut::new();
+    let mut any_tf = false;
+    for raw in infos {
+        match CoordinationServiceDeviceInfo::decode(raw.as_ref())
+            .ok()
+            .and_then(|d| d.r#type)
+        {
+            Some(DeviceType::Tf(list)) => {
+                any_tf = true;
+                tf_devices.extend(list.devices);
+            }
+            Some(DeviceType::Xla(list)) => xla.extend_from_slice(&list.devices),
+            None => {}
+        }
+    }
+    let r#type = if any_tf || xla.is_empty() {
+        Some(DeviceType::Tf(TfDeviceList {
+            devices: tf_devices,
+        }))
+    } else {
+        Some(DeviceType::Xla(XlaDeviceList {
+            devices: xla.to_vec(),
+        }))
+    };
+    CoordinationServiceDeviceInfo { r#type }
+}
+
+#[tonic::async_trait]
+impl CoordinationService for TfService {
+    async fn register_task(
+        &self,
+        req: Request<RegisterTaskRequest>,
+    ) -> Reply<RegisterTaskResponse> {
+        self.coord.ready().await?;
+        let r = req.into_inner();
+        let task = self.task(&r.source_task, U::Register)?;
+        let inc = self
+            .coord
+            .register(task, r.incarnation)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(RegisterTaskResponse {
+            leader_incarnation: inc,
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        self.coord.ready().await?;
+        let r = req.into_inner();
+        let task = self.task(&r.source_task, U::Heartbeat)?;
+        let inc = self
+            .coord
+            .heartbeat(task, r.incarnation)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(HeartbeatResponse {
+            leader_incarnation: inc,
+        }))
+    }
+
+    async fn wait_for_all_tasks(
+        &self,
+        req: Request<WaitForAllTasksRequest>,
+    ) -> Reply<WaitForAllTasksResponse> {
+        self.coord.ready().await?;
+        let r = req.into_inner();
+        let task = self.task(&r.source_task, U::WaitForAllTasks)?;
+        let info = r.local_device_info.unwrap_or_default().encode_to_vec();
+        let infos = self
+            .coord
+            .wait_for_all_tasks(task, info.into())
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(WaitForAllTasksResponse {
+            leader_incarnation: self.coord.read(|s| s.service_incarnation()),
+            cluster_device_info: Some(aggregate_devices(infos)),
+        }))
+    }
+
+    async fn shutdown_task(
+        &self,
+        req: Request<ShutdownTaskRequest>,
+    ) -> Reply<ShutdownTaskResponse> {
+        self.coord.ready().await?;
+        let task = self.task(&req.into_inner().source_task, U::Disconnect)?;
+        self.coord
+            .shutdown(task)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(ShutdownTaskResponse {}))
+    }
+
+    async fn reset_task(&self, req: Request<ResetTaskRequest>) -> Reply<ResetTaskResponse> {
+        self.coord.ready().await?;
+        let task = self.task(&req.into_inner().source_task, U::Disconnect)?;
+        self.coord.reset(task).await.map_err(|e| self.status(e))?;
+        Ok(Response::new(ResetTaskResponse {}))
+    }
+
+    async fn report_error_to_task(
+        &self,
+        _: Request<ReportErrorToTaskRequest>,
+    ) -> Reply<ReportErrorToTaskResponse> {
+        Err(Status::unimplemented(
+            "ReportErrorToTask is served by coordination agents, not by the service",
+        ))
+    }
+
+    async fn report_error_to_service(
+        &self,
+        req: Request<ReportErrorToServiceRequest>,
+    ) -> Reply<ReportErrorToServiceResponse> {
+        self.coord.ready().await?;
+        let r = req.into_inner();
+        let task = self.task(&r.error_origin, U::ReportError)?;
+        self.coord
+            .report_error(task, r.error_code, r.error_message)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(ReportErrorToServiceResponse {}))
+    }
+
+    async fn insert_key_value(
+        &self,
+        req: Request<InsertKeyValueRequest>,
+    ) -> Reply<InsertKeyValueResponse> {
+        self.coord.ready().await?;
+        let kv = req.into_inner().kv.unwrap_or_default();
+        self.coord
+            .kv_insert(kv.key, kv.value, false)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(InsertKeyValueResponse {}))
+    }
+
+    async fn get_key_value(&self, req: Request<GetKeyValueRequest>) -> Reply<GetKeyValueResponse> {
+        self.coord.ready().await?;
+        let key = req.into_inner().key;
+        let value = self
+            .coord
+            .kv_get_blocking(&key)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(GetKeyValueResponse {
+            kv: Some(KeyValueEntry { key, value }),
+        }))
+    }
+
+    async fn try_get_key_value(
+        &self,
+        req: Request<TryGetKeyValueRequest>,
+    ) -> Reply<TryGetKeyValueResponse> {
+        self.coord.ready().await?;
+        let key = req.into_inner().key;
+        let value = self
+            .coord
+            .kv_try_get(&key)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(TryGetKeyValueResponse {
+            kv: Some(KeyValueEntry { key, value }),
+        }))
+    }
+
+    async fn get_key_value_dir(
+        &self,
+        req: Request<GetKeyValueDirRequest>,
+    ) -> Reply<GetKeyValueDirResponse> {
+        self.coord.ready().await?;
+        let dir = req.into_inner().directory_key;
+        let entries = self.coord.kv_dir(&dir).await.map_err(|e| self.status(e))?;
+        Ok(Response::new(GetKeyValueDirResponse {
+            directory_key: dir,
+            kv: entries
+                .into_iter()
+                .map(|(key, value)| KeyValueEntry { key, value })
+                .collect(),
+        }))
+    }
+
+    async fn delete_key_value(
+        &self,
+        req: Request<DeleteKeyValueRequest>,
+    ) -> Reply<DeleteKeyValueResponse> {
+        self.coord.ready().await?;
+        let key = req.into_inner().key;
+        self.coord
+            .kv_delete(key)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(DeleteKeyValueResponse {}))
+    }
+
+    async fn barrier(&self, req: Request<BarrierRequest>) -> Reply<BarrierResponse> {
+        self.coord.ready().await?;
+        let r = req.into_inner();
+        let task = self.task(&r.source_task, U::Barrier)?;
+        let mut participants = Vec::with_capacity(r.tasks.len());
+        let mut unknown = String::new();
+        for t in &r.tasks {
+            match self.coord.read(|s| s.task_index(&t.job_name, t.task_id)) {
+                Some(i) => participants.push(i),
+                None if unknown.is_empty() => unknown = task_name(&t.job_name, t.task_id),
+                None => {}
+            }
+        }
+        self.coord
+            .barrier(
+                r.barrier_id,
+                0,
+                r.barrier_timeout_in_ms.max(0) as u64,
+                participants,
+                unknown,
+                task,
+            )
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(BarrierResponse {}))
+    }
+
+    async fn cancel_barrier(
+        &self,
+        req: Request<CancelBarrierRequest>,
+    ) -> Reply<CancelBarrierResponse> {
+        self.coord.ready().await?;
+        let r = req.into_inner();
+        let task = self.task(&r.source_task, U::Barrier)?;
+        self.coord
+            .cancel_barrier(r.barrier_id, 0, task)
+            .await
+            .map_err(|e| self.status(e))?;
+        Ok(Response::new(CancelBarrierResponse {}))
+    }
+}

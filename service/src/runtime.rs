@@ -1,0 +1,154 @@
+//! The leader runtime: what depends on wall-clock time or liveness lives only
+//! on the leader and is rebuilt when a node becomes leader. Heartbeat
+//! last-seen times are reset to "now" on takeover (a new leader never declares
+//! everyone dead); barrier deadlines come from the absolute deadline stored in
+//! the replicated state. When a timer fires the leader proposes an update
+//! (tasks unhealthy, barrier expired) and the state machine decides.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use journal::pb::{update::Command, BarrierExpire, Heartbeat, TasksUnhealthy};
+use journal::{DomainError, HeartbeatCheck, Update};
+use raft::Role;
+
+use crate::core::{now_ms, Core};
+
+/// Timer granularity of the leader runtime.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Most time one timer-driven proposal may take before the next tick.
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Liveness bookkeeping of the leader.
+#[derive(Default)]
+pub struct LeaderRuntime {
+    last_seen: Mutex<HashMap<u32, Instant>>,
+}
+
+impl LeaderRuntime {
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Instant>> {
+        self.last_seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that `task` is alive now (heartbeat or registration).
+    pub fn touch(&self, task: u32) {
+        self.seen().insert(task, Instant::now());
+    }
+
+    /// Handles a heartbeat on the leader: checks it against the state and
+    /// records it, or proposes the update an incarnation mismatch needs.
+    pub async fn heartbeat(
+        &self,
+        core: &Core,
+        task: u32,
+        incarnation: u64,
+    ) -> Result<(), DomainError> {
+        let check = core
+            .node()
+            .state()
+            .read(|s| s.heartbeat_check(task, incarnation, now_ms()));
+        match check {
+            HeartbeatCheck::Accept => {
+                self.touch(task);
+                Ok(())
+            }
+            HeartbeatCheck::Ignore => Ok(()),
+            HeartbeatCheck::Reject(e) => Err(e),
+            HeartbeatCheck::Mismatch(e) => {
+                let update = Update {
+                    command: Some(Command::Heartbeat(Heartbeat { task, incarnation })),
+                    ..Default::default()
+                };
+                match core.propose(update, false).await {
+                    Ok(applied) => applied.outcome.error.map_or(Ok(()), Err),
+                    Err(_) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Runs the timers while this node is the leader; idles otherwise.
+    pub async fn run(self: Arc<Self>, core: Arc<Core>) {
+        let mut was_leader = false;
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let leader = core.node().role() == Role::Leader;
+            if !leader {
+                if was_leader {
+                    self.seen().clear();
+                }
+                was_leader = false;
+                continue;
+            }
+            if !was_leader {
+                // Takeover: everyone connected counts as seen now.
+                let now = Instant::now();
+                let connected = core.node().state().read(|s| s.connected_tasks());
+                let mut seen = self.seen();
+                seen.clear();
+                for (task, _) in connected {
+                    seen.insert(task, now);
+                }
+                was_leader = true;
+            }
+            self.fire_timers(&core).await;
+        }
+    }
+
+    async fn fire_timers(&self, core: &Core) {
+        let (connected, timeout_ms, deadlines) = core.node().state().read(|s| {
+            (
+                s.connected_tasks(),
+                s.config().map_or(0, |c| c.heartbeat_timeout_ms),
+                s.pending_barrier_deadlines(),
+            )
+        });
+        let now = Instant::now();
+        let stale: Vec<u32> = {
+            let mut seen = self.seen();
+            seen.retain(|t, _| connected.iter().any(|(c, _)| c == t));
+            connected
+                .iter()
+                .filter_map(|&(task, _)| {
+                    let last = *seen.entry(task).or_insert(now);
+                    (timeout_ms > 0 && now.duration_since(last) > Duration::from_millis(timeout_ms))
+                        .then_some(task)
+                })
+                .collect()
+        };
+        if !stale.is_empty() {
+            tracing::warn!(?stale, "tasks stopped sending heartbeats");
+            self.propose(
+                core,
+                Command::TasksUnhealthy(TasksUnhealthy { tasks: stale }),
+            )
+            .await;
+        }
+        let now_ms = now_ms();
+        for d in deadlines.into_iter().filter(|d| d.deadline_ms <= now_ms) {
+            self.propose(
+                core,
+                Command::BarrierExpire(BarrierExpire {
+                    id: d.id,
+                    counter: d.counter,
+                }),
+            )
+            .await;
+        }
+    }
+
+    async fn propose(&self, core: &Core, command: Command) {
+        let update = Update {
+            command: Some(command),
+            ..Default::default()
+        };
+        match tokio::time::timeout(PROPOSE_TIMEOUT, core.propose(update, false)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!("leader runtime proposal failed: {e}"),
+            Err(_) => tracing::debug!("leader runtime proposal timed out"),
+        }
+    }
+}
