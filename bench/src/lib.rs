@@ -1,3 +1,7 @@
-//! coordstore-bench: the benchmark harness. Every suite runs coordstore and its
-//! peers (etcd, jaxlib's built-in service) side by side in one run so results
-//! are ratios that hold on a noisy machine. Filled by the benchmark issue.
+//! coordstore-bench: the benchmark harness. Every suite starts its peers in
+//! the same run on the same machine, so results compare as ratios that hold
+//! on a noisy machine. Results go to `bench/results/` as JSON plus a
+//! markdown table.
+
+pub mod propose;
+pub mod stats;

@@ -10,7 +10,6 @@ use journal::Update;
 use raft::{NodeConfig, RaftNode, Role};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::ServeConfig;
 use crate::coord::Coordination;
@@ -81,12 +80,12 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .add_service(NodeApi::server(core.clone(), cfg.max_message_bytes))
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(TfService::server(coord, cfg.max_message_bytes));
-    let server = tokio::spawn(router.serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    // Nagle off on accepted connections (tonic's own setting only covers the
+    // listeners it binds itself): small replies must not wait for ACKs.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stop_rx.await;
+    }));
 
     if let Err(e) = node.bootstrap(&cfg.cluster).await {
         tracing::warn!("bootstrap: {e}");

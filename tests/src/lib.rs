@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,15 +19,23 @@ use proto::coordstore::{
 };
 use tonic::transport::Channel;
 
-/// The `coordstore` binary of this build (next to the test executable's
-/// `deps/` folder). `cargo test --workspace` builds it.
+/// The `coordstore` binary of this build (`COORDSTORE_BIN`, or next to the
+/// running executable or its `deps/` folder). `cargo test --workspace` builds it.
 pub fn coordstore_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("COORDSTORE_BIN") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("coordstore");
+    let here = exe.parent().expect("executable dir");
+    // A binary beside us (target/release/coordstore-bench), or one level up
+    // from a test executable in target/debug/deps.
+    let bin = [
+        here.join("coordstore"),
+        here.parent().unwrap_or(here).join("coordstore"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| here.join("coordstore"));
     assert!(
         bin.exists(),
         "{} is missing: build it with `cargo build -p coordstore-service` (cargo test --workspace does)",
