@@ -13,11 +13,14 @@ use journal::pb::{
     KvIncrement, KvInsert, PollForError, RegisterTask, ReportError, ResetTask, ShutdownTask,
     TaskEntry, WaitForAllTasks,
 };
-use journal::{errors, AliveTasks, DomainError, Outcome, State, Update};
+use journal::{errors, AliveTasks, DomainError, HeartbeatCheck, Outcome, State, Update};
 use raft::Applied;
 use tonic::Status;
 
-use crate::core::Core;
+use crate::core::{now_ms, Core};
+
+/// How long a heartbeat looks for the leader before the node answers it.
+const HEARTBEAT_LEADER_BUDGET: Duration = Duration::from_millis(300);
 
 /// A failed coordination call: a domain error (mapped to the dialect's wire
 /// error) or a transport-level status (no leader, shutting down).
@@ -166,9 +169,31 @@ impl Coordination {
         Ok(inc)
     }
 
-    /// Heartbeat, checked and recorded by the leader runtime.
+    /// Heartbeat, checked and recorded by the leader runtime. Clients give a
+    /// heartbeat a short deadline (jaxlib: half the heartbeat timeout) and die
+    /// when it fails, so while no leader answers quickly (an election) the
+    /// node answers from its own state: a heartbeat lost then costs nothing,
+    /// since a new leader counts every connected task as seen at takeover.
     pub async fn heartbeat(&self, task: u32, incarnation: u64) -> CallResult<u64> {
-        flatten(self.core.heartbeat(task, incarnation, true).await)?;
+        let forwarded = tokio::time::timeout(
+            HEARTBEAT_LEADER_BUDGET,
+            self.core.heartbeat(task, incarnation, true),
+        )
+        .await;
+        match forwarded {
+            Ok(Ok(answer)) => answer?,
+            Ok(Err(_)) | Err(_) => {
+                let check = self.read(|s| s.heartbeat_check(task, incarnation, now_ms()));
+                match check {
+                    HeartbeatCheck::Accept | HeartbeatCheck::Ignore => {}
+                    HeartbeatCheck::Reject(e) => return Err(e.into()),
+                    // Changing state needs the leader: wait for one.
+                    HeartbeatCheck::Mismatch(_) => {
+                        flatten(self.core.heartbeat(task, incarnation, true).await)?
+                    }
+                }
+            }
+        }
         Ok(self.read(|s| s.service_incarnation()))
     }
 

@@ -195,10 +195,12 @@ class Ops:
             return self.finish()
 
         # Clean leftovers of an earlier run that used the same namespace
-        # (not a check; a fresh namespace makes this a no-op).
-        c.key_value_delete(T)
-        if k == 0:
-            c.key_value_delete(S)
+        # (a fresh namespace makes this a no-op).
+        def cleanup():
+            c.key_value_delete(T)
+            if k == 0:
+                c.key_value_delete(S)
+        self.check("cleanup_namespace", cleanup)
         self.phase("start")
 
         # ---------------- single-task KV semantics (private keys)
@@ -634,6 +636,8 @@ def run_loop(args) -> int:
                                      f"{ns}/ctl/{r}", to)
             stop = decision == "stop"
             r += 1
+            if args.pause_ms > 0 and not stop:
+                time.sleep(args.pause_ms / 1000)
         except Exception as e:  # noqa: BLE001
             errors.append({"round": r, "op": op, "code": error_code(e), "error": short(e)})
             log(f"round {r} {op} failed: {short(e)}")
@@ -769,9 +773,9 @@ def main(argv=None) -> int:
         sp.add_argument("--address", required=True, help="host:port of the coordination service")
         sp.add_argument("--node-id", type=int, required=True, help="task id, 0..N-1")
         sp.add_argument("--num-tasks", type=int, required=True, help="N")
-        sp.add_argument("--namespace", default="coordstore-it",
-                        help="prefix of every key and barrier id (use a fresh one per run "
-                             "against a long-lived service)")
+        sp.add_argument("--namespace", default=f"coordstore-{sp.prog.split()[-1]}",
+                        help="prefix of every key and barrier id (default coordstore-<subcommand>; "
+                             "use a fresh one per run against a long-lived service)")
         sp.add_argument("--timeout-ms", type=int, default=30000,
                         help="timeout of barriers / blocking gets that should succeed")
         sp.add_argument("--init-timeout", type=int, default=60, help="connect timeout, s")
@@ -792,6 +796,7 @@ def main(argv=None) -> int:
     common(sp, None)
     sp.add_argument("--seconds", type=float, required=True)
     sp.add_argument("--acked", help="file receiving every acknowledged key, one per line")
+    sp.add_argument("--pause-ms", type=float, default=0, help="sleep between rounds (default: none)")
     sp.add_argument("--max-retries", type=int, default=0,
                     help="retries of a KV op failing with UNAVAILABLE/ABORTED/INTERNAL/CANCELLED "
                          "(default 0: any error fails the run)")

@@ -467,3 +467,183 @@ pub mod wire {
         })
     }
 }
+
+/// Stock jaxlib driven from Python (`tests/python`), for interop tests.
+pub mod jax {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::process::CommandExt;
+    use std::path::PathBuf;
+    use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    fn workspace() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root")
+            .to_path_buf()
+    }
+
+    /// The Python 3.12 of the jaxlib venv made by `scripts/setup-jax.sh`
+    /// (or `COORDSTORE_JAX_PYTHON`).
+    pub fn python() -> PathBuf {
+        if let Some(p) = std::env::var_os("COORDSTORE_JAX_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let p = workspace().join("target/jax-venv/bin/python");
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/setup-jax.sh (scripts/test.sh does)",
+            p.display()
+        );
+        p
+    }
+
+    /// A script of `tests/python`.
+    pub fn script(name: &str) -> PathBuf {
+        workspace().join("tests/python").join(name)
+    }
+
+    /// A Python process whose stdout lines are collected; SIGKILLed on drop
+    /// and when the test process dies.
+    pub struct PyProc {
+        child: Child,
+        stdin: Option<ChildStdin>,
+        lines: Arc<Mutex<Vec<String>>>,
+        /// What it runs, for messages.
+        pub label: String,
+        stderr: PathBuf,
+    }
+
+    impl PyProc {
+        /// Runs `tests/python/<script> <args>` with the venv's Python.
+        pub fn spawn(script_name: &str, args: &[String], log_dir: &std::path::Path) -> PyProc {
+            let label = format!("{script_name} {}", args.join(" "));
+            let stderr = log_dir.join(format!(
+                "py-{}-{}.err",
+                script_name,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ));
+            let mut cmd = Command::new(python());
+            cmd.arg(script(script_name))
+                .args(args)
+                .env("TF_CPP_MIN_LOG_LEVEL", "1")
+                .env("JAX_PLATFORMS", "cpu")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+            // SAFETY: prctl is async-signal-safe; the child dies with this process.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().expect("spawn python");
+            let stdout = child.stdout.take().expect("stdout");
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    sink.lock().unwrap().push(line);
+                }
+            });
+            PyProc {
+                stdin: child.stdin.take(),
+                child,
+                lines,
+                label,
+                stderr,
+            }
+        }
+
+        /// Stdout lines so far.
+        pub fn lines(&self) -> Vec<String> {
+            self.lines.lock().unwrap().clone()
+        }
+
+        /// Waits until a stdout line equals `line`.
+        pub fn wait_line(&mut self, line: &str, wait: Duration) {
+            let deadline = Instant::now() + wait;
+            while !self.lines().iter().any(|l| l == line) {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    panic!(
+                        "{} exited ({status}) before printing {line}\n{}",
+                        self.label,
+                        self.report()
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} did not print {line}\n{}",
+                    self.label,
+                    self.report()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// Writes a line to its stdin.
+        pub fn send_line(&mut self, line: &str) {
+            let stdin = self.stdin.as_mut().expect("stdin open");
+            let sent = writeln!(stdin, "{line}").and_then(|()| stdin.flush());
+            if let Err(e) = sent {
+                panic!(
+                    "{} does not take input ({e})\n{}",
+                    self.label,
+                    self.report()
+                );
+            }
+        }
+
+        /// Waits for the exit within `wait` (SIGKILL and panic after it).
+        pub fn wait_exit(&mut self, wait: Duration) -> ExitStatus {
+            let deadline = Instant::now() + wait;
+            loop {
+                if let Some(status) = self.child.try_wait().expect("try_wait") {
+                    // Let the reader thread drain the last lines.
+                    std::thread::sleep(Duration::from_millis(50));
+                    return status;
+                }
+                if Instant::now() >= deadline {
+                    let _ = self.child.kill();
+                    panic!(
+                        "{} still running after {wait:?}\n{}",
+                        self.label,
+                        self.report()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// The JSON check lines whose `ok` is false.
+        pub fn failed_checks(&self) -> Vec<String> {
+            self.lines()
+                .into_iter()
+                .filter(|l| l.starts_with('{') && l.contains("\"ok\": false"))
+                .collect()
+        }
+
+        /// Stdout and the tail of stderr, for failure messages.
+        pub fn report(&self) -> String {
+            let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+            let tail: Vec<&str> = err.lines().rev().take(30).collect();
+            format!(
+                "--- {} stdout ---\n{}\n--- stderr (tail) ---\n{}",
+                self.label,
+                self.lines().join("\n"),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        }
+    }
+
+    impl Drop for PyProc {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
