@@ -3,5 +3,6 @@
 //! on a noisy machine. Results go to `bench/results/` as JSON plus a
 //! markdown table.
 
+pub mod jax_latency;
 pub mod propose;
 pub mod stats;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use coordstore_bench::propose;
+use coordstore_bench::{jax_latency, propose};
 
 #[derive(Parser)]
 #[command(name = "coordstore-bench")]
@@ -33,6 +33,13 @@ enum Suite {
         #[arg(long, default_value_t = 256)]
         value_bytes: usize,
     },
+    /// Stock jaxlib client latency (kv_set, blocking get, 2-task barrier):
+    /// jaxlib's built-in service vs coordstore with 1 and 3 nodes.
+    JaxLatency {
+        /// Iterations per op.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
 }
 
 #[tokio::main]
@@ -59,6 +66,13 @@ async fn main() -> anyhow::Result<()> {
             let path = cli.out.join(format!("propose-{stamp}.json"));
             std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
             println!("{}", propose::table(&results));
+            eprintln!("results: {}", path.display());
+        }
+        Suite::JaxLatency { iterations } => {
+            let results = jax_latency::run(iterations).await?;
+            let path = cli.out.join(format!("jax-latency-{stamp}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
+            println!("{}", jax_latency::table(&results));
             eprintln!("results: {}", path.display());
         }
     }

@@ -439,3 +439,111 @@ async fn calls_waiting_on_a_follower_survive_a_leader_kill() {
         .unwrap();
     assert_eq!(hb.into_inner().service_incarnation, si);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_keys_and_a_wrong_task_incarnation() {
+    let cluster = Cluster::start(1, &["--tasks", "2"]);
+    let addr = cluster.nodes[0].addr.clone();
+    let si = register_all(&addr, 2).await;
+    let mut c = wire::xla(&addr).await;
+
+    // The empty key is a key; "///" normalises to it.
+    insert(&mut c, si, "", b"empty", false).await.unwrap();
+    let e = insert(&mut c, si, "///", b"again", false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::AlreadyExists, "key  already exists.")
+    );
+    let got = c
+        .try_get_key_value(TryGetKeyValueRequest {
+            incarnations: inc(0, si),
+            key: "/".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .kv
+        .unwrap();
+    assert_eq!((got.key.as_str(), got.value.as_ref()), ("/", &b"empty"[..]));
+    // The empty directory lists nothing, even with keys stored.
+    let dir = c
+        .get_key_value_dir(GetKeyValueDirRequest {
+            incarnations: inc(0, si),
+            directory_key: "".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dir.kv.is_empty());
+    // Unicode, spaces and a long key round-trip unchanged.
+    let long = "k".repeat(10_000);
+    for key in ["ключ/ü ñ", "with space/x", long.as_str()] {
+        insert(&mut c, si, key, key.as_bytes(), false)
+            .await
+            .unwrap();
+        let v = c
+            .try_get_key_value(TryGetKeyValueRequest {
+                incarnations: inc(0, si),
+                key: key.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .kv
+            .unwrap();
+        assert_eq!(v.value.as_ref(), key.as_bytes());
+    }
+    // Deleting a missing key is OK.
+    c.delete_key_value(DeleteKeyValueRequest {
+        incarnations: inc(0, si),
+        key: "never/was".into(),
+        is_directory: true,
+    })
+    .await
+    .unwrap();
+
+    // A heartbeat from another incarnation of task 1: ABORTED, task 1 ERROR,
+    // and (nobody polling) every task is set to ERROR.
+    let e = c
+        .heartbeat(HeartbeatRequest {
+            incarnations: inc(1, si),
+            incarnation: 4242,
+            source_task_id: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Aborted);
+    assert!(
+        e.message()
+            .starts_with("1 Heartbeat: Incarnation ID mismatch: expecting 1001 but got 4242."),
+        "{}",
+        e.message()
+    );
+    let w = c
+        .watch_tasks(WatchTasksRequest {
+            incarnations: inc(0, si),
+            version_number: -1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        w.task_state
+            .iter()
+            .all(|t| t.state == TaskState::Error as i32),
+        "{w:?}"
+    );
+    // Registering again with yet another incarnation: ABORTED, with source task.
+    let e = c
+        .register_task(RegisterTaskRequest {
+            incarnation: 7,
+            source_task_id: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Aborted);
+    assert!(e.message().contains("already in error"), "{}", e.message());
+    assert_eq!(coordination_error(&e).map(|p| p.source_task_id), Some(1));
+}
