@@ -1,4 +1,6 @@
-//! coordstore-agent: the client side. A Rust `Agent` with the API of the
-//! TensorFlow coordination agent (seed 000) that knows every node and rides
-//! through failovers, the preemption sync manager built on it, and the relay
-//! that keeps stock clients' connections alive. Filled by the agent issue.
+//! coordstore-agent: the client side. [`relay`] is the local proxy that keeps
+//! stock clients' connections alive across node failures. The Rust `Agent`
+//! (API of the TensorFlow coordination agent, seed 000) and the preemption
+//! sync manager arrive with the rest of the agent issue.
+
+pub mod relay;

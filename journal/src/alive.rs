@@ -1,5 +1,6 @@
 //! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
 
+use crate::barrier::sorted_set;
 use crate::errors::{self, UnknownTaskIn};
 use crate::pb::{AliveResult, AliveRound, DomainError, Outcome, TaskStatus};
 use crate::state::State;
@@ -12,13 +13,6 @@ fn round_key(set: &[u32]) -> String {
         .map(|t| t.to_string())
         .collect::<Vec<_>>()
         .join(",")
-}
-
-fn sorted_set(tasks: &[u32]) -> Vec<u32> {
-    let mut v = tasks.to_vec();
-    v.sort_unstable();
-    v.dedup();
-    v
 }
 
 /// The alive tasks a GetAliveTasks round agreed on, with their incarnations.

@@ -31,7 +31,8 @@ pub struct BarrierDeadline {
     pub deadline_ms: u64,
 }
 
-fn sorted_set(tasks: &[u32]) -> Vec<u32> {
+/// Sorted, de-duplicated task indices.
+pub(crate) fn sorted_set(tasks: &[u32]) -> Vec<u32> {
     let mut v = tasks.to_vec();
     v.sort_unstable();
     v.dedup();

@@ -278,10 +278,10 @@ pub(crate) fn shutdown_barrier_failed(barrier_error: &DomainError) -> DomainErro
     )
 }
 
-pub(crate) fn too_old_to_dedup(client: u64, seq: u64) -> DomainError {
+pub(crate) fn bad_config(why: String) -> DomainError {
     bare(
-        Code::Aborted,
-        format!("request (client {client:#x}, seq {seq}) is older than the exactly-once window; it may already have been applied"),
+        Code::InvalidArgument,
+        format!("invalid cluster configuration: {why}"),
     )
 }
 

@@ -17,7 +17,9 @@ pub const JAX_JOB: &str = "jax_worker";
 /// Default bound on the number of clients the exactly-once table remembers.
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
 /// Default bound on the outcomes remembered per client.
-pub const DEFAULT_MAX_OUTCOMES_PER_CLIENT: u32 = 64;
+pub const DEFAULT_MAX_OUTCOMES_PER_CLIENT: u32 = 1024;
+/// Most tasks a cluster configuration may hold.
+pub const MAX_TASKS: u64 = 1 << 20;
 
 /// The coordination state machine. `apply` is a pure function of the state and
 /// the update: no I/O, no clock, no randomness.
@@ -100,12 +102,17 @@ impl State {
     pub fn apply(&mut self, u: &Update) -> Outcome {
         self.d.applied += 1;
         match &u.origin {
-            None => self.apply_command(u),
+            None => {
+                let mut out = self.apply_command(u);
+                out.epoch = self.d.epoch;
+                out
+            }
             Some(origin) => {
                 if let Some(prev) = self.recorded_outcome(origin) {
                     return prev;
                 }
-                let out = self.apply_command(u);
+                let mut out = self.apply_command(u);
+                out.epoch = self.d.epoch;
                 self.record_outcome(origin, &out);
                 out
             }
@@ -143,6 +150,9 @@ impl State {
 
     fn init_service(&mut self, c: &crate::pb::InitService) -> Outcome {
         let config = c.config.clone().unwrap_or_default();
+        if let Err(e) = check_config(&config) {
+            return Outcome::err(e);
+        }
         if self.d.initialized {
             if self.d.config.as_ref() == Some(&config) {
                 return Outcome::incarnation(self.d.service_incarnation);
@@ -161,6 +171,9 @@ impl State {
             .clone()
             .or_else(|| self.d.config.clone())
             .unwrap_or_default();
+        if let Err(e) = check_config(&config) {
+            return Outcome::err(e);
+        }
         self.d.initialized = true;
         self.d.epoch += 1;
         self.d.service_incarnation = c.service_incarnation;
@@ -193,19 +206,18 @@ impl State {
         )
     }
 
+    /// The recorded outcome of a retried update. A client's window holds its
+    /// newest outcomes; a retry older than the window is applied again (the
+    /// window is sized far beyond the calls a client has in flight, so only
+    /// long-lived calls such as PollForError can fall out of it, and applying
+    /// those again is harmless: a new poll, a re-arrival that replaces the
+    /// same task's arrival). Refusing such a retry instead would fail a call
+    /// that may never have been applied.
     fn recorded_outcome(&mut self, o: &Origin) -> Option<Outcome> {
-        let (_, max_outcomes) = self.limits();
         let applied = self.d.applied;
         let s = self.d.sessions.get_mut(&o.client_id)?;
         s.touched = applied;
-        if let Some(prev) = s.outcomes.get(&o.seq) {
-            return Some(prev.clone());
-        }
-        let oldest = s.outcomes.keys().next().copied();
-        if s.outcomes.len() >= max_outcomes && oldest.is_some_and(|k| o.seq < k) {
-            return Some(Outcome::err(errors::too_old_to_dedup(o.client_id, o.seq)));
-        }
-        None
+        s.outcomes.get(&o.seq).cloned()
     }
 
     fn record_outcome(&mut self, o: &Origin, out: &Outcome) {
@@ -404,6 +416,25 @@ impl State {
     pub(crate) fn t_mut(&mut self, task: u32) -> &mut TaskEntry {
         &mut self.d.tasks[task as usize]
     }
+}
+
+/// A configuration must name each job once and hold at most [`MAX_TASKS`].
+fn check_config(c: &ClusterConfig) -> Result<(), DomainError> {
+    let total: u64 = c.jobs.iter().map(|j| u64::from(j.count)).sum();
+    if total > MAX_TASKS {
+        return Err(errors::bad_config(format!(
+            "{total} tasks exceed the limit of {MAX_TASKS}"
+        )));
+    }
+    for (i, j) in c.jobs.iter().enumerate() {
+        if c.jobs[..i].iter().any(|k| k.name == j.name) {
+            return Err(errors::bad_config(format!(
+                "job {} is listed twice",
+                j.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `/job:NAME/replica:0/task:ID`, the TensorFlow spelling of a task.

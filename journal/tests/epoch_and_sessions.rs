@@ -1,6 +1,7 @@
 //! Service incarnation, job-epoch reset and exactly-once sessions.
 mod common;
 use common::*;
+use journal::pb::{update::Command, ClusterConfig, JobSpec, ResetJobEpoch};
 use journal::{errors, Code, State, TaskStatus, REGISTER_BARRIER};
 
 /// Everything a retry must not change (the replicated semantic state).
@@ -185,7 +186,7 @@ fn client_table_is_bounded_and_evicts_least_recently_used() {
 }
 
 #[test]
-fn outcomes_per_client_are_bounded_and_older_retries_are_refused() {
+fn outcomes_per_client_are_bounded_and_retries_older_than_the_window_apply_again() {
     let o = Opts {
         max_outcomes_per_client: 4,
         ..Default::default()
@@ -199,9 +200,62 @@ fn outcomes_per_client_are_bounded_and_older_retries_are_refused() {
     }
     // The newest 4 are replayed.
     assert_eq!(apply_from(&mut s, 5, 7, incr("n", 1), 0).value, 7);
-    // Older ones are refused, not applied twice.
-    let e = err(&apply_from(&mut s, 5, 2, incr("n", 1), 0), Code::Aborted);
-    contains(&e, "older than the exactly-once window");
-    assert!(!e.coordination_payload);
-    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"10");
+    // A retry older than the window is applied again (documented trade-off:
+    // refusing it would fail calls that may never have been applied).
+    assert_eq!(apply_from(&mut s, 5, 2, incr("n", 1), 0).value, 11);
+    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"11");
+}
+
+#[test]
+fn an_oversized_or_duplicate_job_configuration_is_refused_without_change() {
+    let mut s = new_state(2, &Opts::default());
+    let before = s.digest();
+    let huge = ClusterConfig {
+        jobs: vec![JobSpec {
+            name: "w".into(),
+            count: u32::MAX,
+        }],
+        ..Default::default()
+    };
+    let e = err(
+        &apply(
+            &mut s,
+            Command::ResetJobEpoch(ResetJobEpoch {
+                service_incarnation: 5,
+                config: Some(huge),
+            }),
+            0,
+        ),
+        Code::InvalidArgument,
+    );
+    contains(&e, "exceed the limit");
+    let twice = ClusterConfig {
+        jobs: vec![
+            JobSpec {
+                name: "w".into(),
+                count: 1,
+            },
+            JobSpec {
+                name: "w".into(),
+                count: 1,
+            },
+        ],
+        ..Default::default()
+    };
+    let e = err(
+        &apply(
+            &mut s,
+            Command::ResetJobEpoch(ResetJobEpoch {
+                service_incarnation: 5,
+                config: Some(twice),
+            }),
+            0,
+        ),
+        Code::InvalidArgument,
+    );
+    contains(&e, "listed twice");
+    // Nothing changed but the applied counter.
+    assert_eq!(s.task_count(), 2);
+    assert_ne!(s.digest(), before); // `applied` counts every update
+    assert_eq!(s.epoch(), 0);
 }

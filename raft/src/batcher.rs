@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use journal::pb::UpdateBatch;
 use journal::{Outcome, Update};
-use openraft::error::ClientWriteError;
+use openraft::error::{ClientWriteError, ForwardToLeader};
 use prost::Message;
 use storage::{Node, NodeId, Proposal, TypeConfig};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -43,12 +43,16 @@ pub enum ProposeError {
 }
 
 impl ProposeError {
+    pub(crate) fn not_leader(f: ForwardToLeader<NodeId, Node>) -> Self {
+        ProposeError::NotLeader {
+            leader_id: f.leader_id,
+            leader_addr: f.leader_node.map(|n| n.addr),
+        }
+    }
+
     pub(crate) fn from_write(e: ClientWriteError<NodeId, Node>) -> Self {
         match e {
-            ClientWriteError::ForwardToLeader(f) => ProposeError::NotLeader {
-                leader_id: f.leader_id,
-                leader_addr: f.leader_node.map(|n| n.addr),
-            },
+            ClientWriteError::ForwardToLeader(f) => ProposeError::not_leader(f),
             ClientWriteError::ChangeMembershipError(e) => ProposeError::Unavailable(e.to_string()),
         }
     }

@@ -36,10 +36,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<ReadReply>) {
 
 fn map_err(e: RaftError<NodeId, CheckIsLeaderError<NodeId, Node>>) -> ProposeError {
     match e {
-        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => ProposeError::NotLeader {
-            leader_id: f.leader_id,
-            leader_addr: f.leader_node.map(|n| n.addr),
-        },
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => ProposeError::not_leader(f),
         RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
             ProposeError::Unavailable(format!("leadership not confirmed: {q}"))
         }

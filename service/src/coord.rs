@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use journal::pb::{
     update::Command, AliveTasks as AliveCmd, BarrierArrive, BarrierCancel, Code, KvDelete,
-    KvIncrement, KvInsert, PollForError, RegisterTask, ReportError, ResetTask, ShutdownTask,
-    TaskEntry, WaitForAllTasks,
+    KvIncrement, KvInsert, Origin, PollForError, RegisterTask, ReportError, ResetTask,
+    ShutdownTask, TaskEntry, WaitForAllTasks,
 };
 use journal::{errors, AliveTasks, DomainError, HeartbeatCheck, Outcome, State, Update};
 use raft::Applied;
@@ -61,6 +61,27 @@ pub struct TaskView {
 pub struct Coordination {
     core: Arc<Core>,
     ready_wait: Duration,
+    origin: Option<Origin>,
+}
+
+pub use proto::ORIGIN_HEADER;
+
+/// The origin a request carries in [`ORIGIN_HEADER`], if any.
+pub fn request_origin<T>(req: &tonic::Request<T>) -> Result<Option<Origin>, Status> {
+    let Some(v) = req.metadata().get(ORIGIN_HEADER) else {
+        return Ok(None);
+    };
+    let bad = || {
+        Status::invalid_argument(format!(
+            "malformed {ORIGIN_HEADER} header (want CLIENT_ID:SEQ)"
+        ))
+    };
+    let text = v.to_str().map_err(|_| bad())?;
+    let (client, seq) = text.split_once(':').ok_or_else(bad)?;
+    Ok(Some(Origin {
+        client_id: client.trim().parse().map_err(|_| bad())?,
+        seq: seq.trim().parse().map_err(|_| bad())?,
+    }))
 }
 
 fn flatten<T>(r: Result<Result<T, DomainError>, Status>) -> CallResult<T> {
@@ -75,7 +96,20 @@ impl Coordination {
     /// Operations over `core`; a call waits up to `ready_wait` for the
     /// service to be configured before answering UNAVAILABLE.
     pub fn new(core: Arc<Core>, ready_wait: Duration) -> Self {
-        Coordination { core, ready_wait }
+        Coordination {
+            core,
+            ready_wait,
+            origin: None,
+        }
+    }
+
+    /// These operations for one call: its update gets the caller's origin
+    /// (from [`ORIGIN_HEADER`]) instead of one stamped by this node.
+    pub fn for_request<T>(&self, req: &tonic::Request<T>) -> Result<Coordination, Status> {
+        Ok(Coordination {
+            origin: request_origin(req)?,
+            ..self.clone()
+        })
     }
 
     /// The core.
@@ -131,6 +165,7 @@ impl Coordination {
             .core
             .propose(
                 Update {
+                    origin: self.origin,
                     command: Some(command),
                     ..Default::default()
                 },
@@ -149,7 +184,19 @@ impl Coordination {
         applied: &Applied,
         check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> CallResult<T> {
-        flatten(self.core.wait_for(applied.log_index, check).await)
+        let epoch = applied.outcome.epoch;
+        flatten(self.core.wait_for(applied.log_index, epoch, check).await)
+    }
+
+    /// Waits, after a linearizable read, until `check` answers.
+    async fn wait_read<T>(
+        &self,
+        check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
+    ) -> CallResult<T> {
+        self.core.linearizable().await?;
+        let index = self.core.applied_index();
+        let epoch = self.read(|s| s.epoch());
+        flatten(self.core.wait_for(index, epoch, check).await)
     }
 
     /// RegisterTask: answers the service incarnation once the task is
@@ -251,23 +298,18 @@ impl Coordination {
     /// WatchTasks: every task at a version other than `version`, waiting for
     /// the next change when `version` is the current one.
     pub async fn watch_tasks(&self, version: i64) -> CallResult<(Vec<TaskView>, i64)> {
-        self.core.linearizable().await?;
-        let index = self.core.applied_index();
-        let views = self
-            .core
-            .wait_for(index, |s| {
-                s.watch_tasks_ready(version).then(|| {
-                    let views = (0..s.task_count())
-                        .map(|i| TaskView {
-                            index: i,
-                            entry: s.task(i).cloned().unwrap_or_default(),
-                        })
-                        .collect();
-                    Ok((views, s.tasks_version()))
-                })
+        self.wait_read(|s| {
+            s.watch_tasks_ready(version).then(|| {
+                let views = (0..s.task_count())
+                    .map(|i| TaskView {
+                        index: i,
+                        entry: s.task(i).cloned().unwrap_or_default(),
+                    })
+                    .collect();
+                Ok((views, s.tasks_version()))
             })
-            .await;
-        flatten(views)
+        })
+        .await
     }
 
     /// InsertKeyValue.
@@ -288,13 +330,8 @@ impl Coordination {
 
     /// GetKeyValue: the value once the key exists (no server-side timeout).
     pub async fn kv_get_blocking(&self, key: &str) -> CallResult<Bytes> {
-        self.core.linearizable().await?;
-        let index = self.core.applied_index();
-        flatten(
-            self.core
-                .wait_for(index, |s| s.kv_get(key).map(|v| Ok(v.clone())))
-                .await,
-        )
+        self.wait_read(|s| s.kv_get(key).map(|v| Ok(v.clone())))
+            .await
     }
 
     /// TryGetKeyValue: NOT_FOUND if absent.

@@ -123,10 +123,15 @@ impl Core {
     {
         let deadline = Instant::now() + self.leader_wait;
         loop {
+            let left = deadline.saturating_duration_since(Instant::now());
             let why = match self.route() {
-                Ok(Route::Local) => match local().await {
-                    Ok(v) => return Ok(v),
-                    Err(Retry(why)) => why,
+                // An attempt never outlives the leader wait (a leader cut off
+                // from its quorum would hold it forever); the retry after it
+                // is exactly-once by origin.
+                Ok(Route::Local) => match tokio::time::timeout(left, local()).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(Retry(why))) => why,
+                    Err(_) => "the leader did not commit in time".to_string(),
                 },
                 Ok(Route::Remote(_)) | Err(_) if !may_forward => {
                     return Err(Status::unavailable(format!(
@@ -244,15 +249,15 @@ impl Core {
     }
 
     /// Waits on the local state, from `log_index` on, until `check` answers.
-    /// A job-epoch reset underneath the wait ends it with ABORTED.
+    /// The wait belongs to job `epoch`; a job-epoch reset ends it with ABORTED.
     pub async fn wait_for<T>(
         &self,
         log_index: u64,
+        epoch: u64,
         mut check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> Result<Result<T, DomainError>, Status> {
         self.wait_applied(log_index).await?;
         let state = self.node.state();
-        let epoch = state.read(|s| s.epoch());
         let mut rx = state.subscribe();
         loop {
             rx.borrow_and_update();

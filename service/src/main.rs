@@ -22,6 +22,17 @@ struct Cli {
 enum Cmd {
     /// Run a node (the default when no command is given).
     Serve(Box<ServeOptions>),
+    /// A local proxy for stock clients: dial it instead of a node; it keeps
+    /// the client's connection and re-issues in-flight calls to a live node
+    /// when a node dies.
+    Relay {
+        /// Where the client connects (keep it on the client's host).
+        #[arg(long, default_value = "127.0.0.1:7480")]
+        listen: std::net::SocketAddr,
+        /// Every node: HOST:PORT,HOST:PORT,...
+        #[arg(long, value_delimiter = ',', required = true)]
+        endpoints: Vec<String>,
+    },
     /// Operator commands against a running node.
     Ctl {
         /// A node's HOST:PORT.
@@ -51,6 +62,16 @@ fn main() -> ExitCode {
     };
     match cli.command.unwrap_or_else(|| Cmd::Serve(Box::default())) {
         Cmd::Serve(opts) => rt.block_on(serve(*opts)),
+        Cmd::Relay { listen, endpoints } => {
+            let cfg = agent::relay::RelayConfig::new(endpoints);
+            match rt.block_on(agent::relay::serve(listen, cfg, wait_for_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("coordstore relay: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Ctl { endpoint, command } => {
             match rt.block_on(service::ctl::run(&endpoint, command)) {
                 Ok(out) => {

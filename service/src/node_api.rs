@@ -28,6 +28,24 @@ impl NodeApi {
     }
 }
 
+/// An update from outside the cluster (ctl, tests, tools): only commands a
+/// client may issue, and the time is the leader's to stamp. Timer- and
+/// liveness-driven commands belong to the leader runtime.
+fn check_external(u: &mut Update) -> Result<(), Status> {
+    use journal::pb::update::Command as C;
+    match &u.command {
+        None => return Err(Status::invalid_argument("the update has no command")),
+        Some(C::InitService(_) | C::TasksUnhealthy(_) | C::BarrierExpire(_) | C::Heartbeat(_)) => {
+            return Err(Status::permission_denied(
+                "this command is proposed by the leader runtime only",
+            ))
+        }
+        Some(_) => {}
+    }
+    u.at_ms = 0;
+    Ok(())
+}
+
 /// This node's status.
 pub fn status(core: &Core) -> StatusResponse {
     let node = core.node();
@@ -77,8 +95,11 @@ impl Node for NodeApi {
         req: Request<ProposeRequest>,
     ) -> Result<Response<ProposeResponse>, Status> {
         let may_forward = !was_forwarded(&req);
-        let update = Update::decode(req.into_inner().update.as_ref())
+        let mut update = Update::decode(req.into_inner().update.as_ref())
             .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
+        if may_forward {
+            check_external(&mut update)?;
+        }
         let applied = self.core.propose(update, may_forward).await?;
         Ok(Response::new(ProposeResponse {
             outcome: applied.outcome.encode_to_vec().into(),

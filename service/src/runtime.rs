@@ -44,11 +44,23 @@ impl LeaderRuntime {
         task: u32,
         incarnation: u64,
     ) -> Result<(), DomainError> {
-        let check = core
-            .node()
-            .state()
-            .read(|s| s.heartbeat_check(task, incarnation, now_ms()));
-        match check {
+        let check = |core: &Core| {
+            core.node()
+                .state()
+                .read(|s| s.heartbeat_check(task, incarnation, now_ms()))
+        };
+        let mut verdict = check(core);
+        if matches!(
+            verdict,
+            HeartbeatCheck::Reject(_) | HeartbeatCheck::Mismatch(_)
+        ) {
+            // A new leader may not have applied a just-committed registration
+            // yet: confirm on an up-to-date state before refusing.
+            if core.read_barrier().await.is_ok() {
+                verdict = check(core);
+            }
+        }
+        match verdict {
             HeartbeatCheck::Accept => {
                 self.touch(task);
                 Ok(())
@@ -70,20 +82,24 @@ impl LeaderRuntime {
 
     /// Runs the timers while this node is the leader; idles otherwise.
     pub async fn run(self: Arc<Self>, core: Arc<Core>) {
-        let mut was_leader = false;
+        // The term this node last took over in: a new term is a new takeover,
+        // even if this node lost and regained leadership between two ticks.
+        let mut led_term: Option<u64> = None;
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let leader = core.node().role() == Role::Leader;
-            if !leader {
-                if was_leader {
+            let (leader, term) = {
+                let m = core.node().metrics();
+                (m.current_leader == Some(core.node().id()), m.current_term)
+            };
+            if !leader || core.node().role() != Role::Leader {
+                if led_term.take().is_some() {
                     self.seen().clear();
                 }
-                was_leader = false;
                 continue;
             }
-            if !was_leader {
+            if led_term != Some(term) {
                 // Takeover: everyone connected counts as seen now.
                 let now = Instant::now();
                 let connected = core.node().state().read(|s| s.connected_tasks());
@@ -92,7 +108,7 @@ impl LeaderRuntime {
                 for (task, _) in connected {
                     seen.insert(task, now);
                 }
-                was_leader = true;
+                led_term = Some(term);
             }
             self.fire_timers(&core).await;
         }

@@ -103,6 +103,12 @@ impl SledBackend {
         let opened = std::panic::catch_unwind(AssertUnwindSafe(|| config.open()));
         let db = match opened {
             Ok(Ok(db)) => db,
+            Ok(Err(e)) if e.to_string().contains("could not acquire lock") => {
+                return Err(OpenError::new(
+                    dir,
+                    "it is in use by another process (another coordstore node?)",
+                ))
+            }
             Ok(Err(e)) => {
                 return Err(OpenError::new(
                     dir,

@@ -3,7 +3,7 @@
 //! re-applies the committed log after it (journal replay).
 
 use std::io::Cursor;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use journal::State;
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -83,6 +83,7 @@ impl StateHandle {
 pub struct StateMachine {
     shared: Arc<Shared>,
     backend: Arc<dyn Backend>,
+    snapshot_guard: Arc<Mutex<()>>,
     snapshot_seq: u64,
 }
 
@@ -104,6 +105,7 @@ impl StateMachine {
                 applied: tx,
             }),
             backend,
+            snapshot_guard: Arc::new(Mutex::new(())),
             snapshot_seq: 0,
         })
     }
@@ -124,21 +126,37 @@ fn load_snapshot(backend: &dyn Backend) -> Result<Option<StoredSnapshot>, String
     }
 }
 
+/// Stores `snap` as the current snapshot unless a newer one is stored
+/// already. A build runs beside later applies and can finish after a newer
+/// snapshot was installed from the leader (and the log purged behind it);
+/// writing the older one over it would leave the node unable to restart.
+/// `guard` serialises the compare-and-write between builds and installs.
 async fn store_snapshot(
     backend: Arc<dyn Backend>,
+    guard: Arc<Mutex<()>>,
     snap: StoredSnapshot,
 ) -> Result<(), StorageError> {
     let subject = ErrorSubject::Snapshot(Some(snap.meta.signature()));
     let bytes = encode(&snap).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
-    blocking(move || backend.meta_put(SNAPSHOT_KEY, &bytes, true))
-        .await
-        .map_err(|e| io_err(subject, ErrorVerb::Write, e))
+    let new_last = snap.meta.last_log_id;
+    blocking(move || {
+        let _g = guard.lock().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Some(stored)) = load_snapshot(backend.as_ref()) {
+            if stored.meta.last_log_id > new_last {
+                return Ok(());
+            }
+        }
+        backend.meta_put(SNAPSHOT_KEY, &bytes, true)
+    })
+    .await
+    .map_err(|e| io_err(subject, ErrorVerb::Write, e))
 }
 
 /// Builds a snapshot from a point-in-time copy taken when it was created.
 pub struct SnapshotBuilder {
     copy: SmData,
     backend: Arc<dyn Backend>,
+    guard: Arc<Mutex<()>>,
     seq: u64,
 }
 
@@ -157,6 +175,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         store_snapshot(
             self.backend.clone(),
+            self.guard.clone(),
             StoredSnapshot {
                 meta: meta.clone(),
                 data: data.clone(),
@@ -211,6 +230,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         SnapshotBuilder {
             copy: self.shared.read().clone(),
             backend: self.backend.clone(),
+            guard: self.snapshot_guard.clone(),
             seq: self.snapshot_seq,
         }
     }
@@ -230,6 +250,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             State::decode_snapshot(&data).map_err(|e| io_err(subject, ErrorVerb::Read, e))?;
         store_snapshot(
             self.backend.clone(),
+            self.snapshot_guard.clone(),
             StoredSnapshot {
                 meta: meta.clone(),
                 data,

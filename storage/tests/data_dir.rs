@@ -154,3 +154,49 @@ async fn state_is_rebuilt_from_snapshot_plus_log() {
             .unwrap();
     assert!(restored.kv_get("k10").is_some() && restored.kv_get("k11").is_none());
 }
+
+#[tokio::test]
+async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
+    let dir = TempDir::new().unwrap();
+    let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    let entries: Vec<Entry> = (1..=5).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+    sm.apply(entries).await.unwrap();
+    // A build starts at index 5 ...
+    let mut late = sm.get_snapshot_builder().await;
+    // ... while a snapshot at index 500 arrives from the leader.
+    let mut leader_state = journal::State::new();
+    let u = Update {
+        command: Some(Command::KvInsert(KvInsert {
+            key: "from-leader".into(),
+            value: "x".into(),
+            allow_overwrite: false,
+        })),
+        ..Default::default()
+    };
+    leader_state.apply(&u);
+    let meta = storage::SnapshotMeta {
+        last_log_id: Some(LogId::new(CommittedLeaderId::new(2, 2), 500)),
+        last_membership: Default::default(),
+        snapshot_id: "leader-500".into(),
+    };
+    sm.install_snapshot(&meta, Box::new(Cursor::new(leader_state.encode_snapshot())))
+        .await
+        .unwrap();
+    late.build_snapshot().await.unwrap();
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta.last_log_id.unwrap().index, 500);
+    drop((sm, late, _log));
+    // And a restart comes back from the installed one.
+    let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.unwrap().index, 500);
+    assert!(sm.handle().read(|s| s.kv_get("from-leader").is_some()));
+}
+
+#[test]
+fn a_dir_in_use_by_another_node_is_refused_as_such() {
+    let dir = TempDir::new().unwrap();
+    let _first = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(err.contains("in use by another process"), "{err}");
+}

@@ -54,18 +54,39 @@ pub fn free_port() -> u16 {
 
 /// One `coordstore serve` process.
 pub struct NodeProc {
-    /// Node id.
+    /// Node id (0 for a relay).
     pub id: u64,
     /// HOST:PORT.
     pub addr: String,
     /// Its data dir.
     pub data_dir: PathBuf,
+    sub: &'static str,
     args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
 }
 
 impl NodeProc {
+    /// Starts `coordstore relay --listen ADDR --endpoints ...` (log in `dir`).
+    pub fn relay(addr: &str, endpoints: &[String], dir: &std::path::Path) -> NodeProc {
+        let mut p = NodeProc {
+            id: 0,
+            addr: addr.to_string(),
+            data_dir: PathBuf::new(),
+            sub: "relay",
+            args: vec![
+                "--listen".into(),
+                addr.to_string(),
+                "--endpoints".into(),
+                endpoints.join(","),
+            ],
+            log: dir.join(format!("relay-{}.log", addr.replace(':', "_"))),
+            child: None,
+        };
+        p.spawn();
+        p
+    }
+
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -73,7 +94,7 @@ impl NodeProc {
             .open(&self.log)
             .expect("node log file");
         let mut cmd = Command::new(coordstore_bin());
-        cmd.arg("serve")
+        cmd.arg(self.sub)
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
@@ -157,6 +178,7 @@ impl Cluster {
                 id,
                 addr: addr.clone(),
                 data_dir,
+                sub: "serve",
                 args,
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,

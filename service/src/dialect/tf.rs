@@ -118,11 +118,11 @@ impl CoordinationService for TfService {
         &self,
         req: Request<RegisterTaskRequest>,
     ) -> Reply<RegisterTaskResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::Register)?;
-        let inc = self
-            .coord
+        let inc = coord
             .register(task, r.incarnation)
             .await
             .map_err(|e| self.status(e))?;
@@ -132,11 +132,11 @@ impl CoordinationService for TfService {
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::Heartbeat)?;
-        let inc = self
-            .coord
+        let inc = coord
             .heartbeat(task, r.incarnation)
             .await
             .map_err(|e| self.status(e))?;
@@ -149,12 +149,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<WaitForAllTasksRequest>,
     ) -> Reply<WaitForAllTasksResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::WaitForAllTasks)?;
         let info = r.local_device_info.unwrap_or_default().encode_to_vec();
-        let infos = self
-            .coord
+        let infos = coord
             .wait_for_all_tasks(task, info.into())
             .await
             .map_err(|e| self.status(e))?;
@@ -168,19 +168,18 @@ impl CoordinationService for TfService {
         &self,
         req: Request<ShutdownTaskRequest>,
     ) -> Reply<ShutdownTaskResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let task = self.task(&req.into_inner().source_task, U::Disconnect)?;
-        self.coord
-            .shutdown(task)
-            .await
-            .map_err(|e| self.status(e))?;
+        coord.shutdown(task).await.map_err(|e| self.status(e))?;
         Ok(Response::new(ShutdownTaskResponse {}))
     }
 
     async fn reset_task(&self, req: Request<ResetTaskRequest>) -> Reply<ResetTaskResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let task = self.task(&req.into_inner().source_task, U::Disconnect)?;
-        self.coord.reset(task).await.map_err(|e| self.status(e))?;
+        coord.reset(task).await.map_err(|e| self.status(e))?;
         Ok(Response::new(ResetTaskResponse {}))
     }
 
@@ -197,10 +196,11 @@ impl CoordinationService for TfService {
         &self,
         req: Request<ReportErrorToServiceRequest>,
     ) -> Reply<ReportErrorToServiceResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.error_origin, U::ReportError)?;
-        self.coord
+        coord
             .report_error(task, r.error_code, r.error_message)
             .await
             .map_err(|e| self.status(e))?;
@@ -211,9 +211,10 @@ impl CoordinationService for TfService {
         &self,
         req: Request<InsertKeyValueRequest>,
     ) -> Reply<InsertKeyValueResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let kv = req.into_inner().kv.unwrap_or_default();
-        self.coord
+        coord
             .kv_insert(kv.key, kv.value, false)
             .await
             .map_err(|e| self.status(e))?;
@@ -269,16 +270,15 @@ impl CoordinationService for TfService {
         &self,
         req: Request<DeleteKeyValueRequest>,
     ) -> Reply<DeleteKeyValueResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let key = req.into_inner().key;
-        self.coord
-            .kv_delete(key)
-            .await
-            .map_err(|e| self.status(e))?;
+        coord.kv_delete(key).await.map_err(|e| self.status(e))?;
         Ok(Response::new(DeleteKeyValueResponse {}))
     }
 
     async fn barrier(&self, req: Request<BarrierRequest>) -> Reply<BarrierResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::Barrier)?;
@@ -291,7 +291,7 @@ impl CoordinationService for TfService {
                 None => {}
             }
         }
-        self.coord
+        coord
             .barrier(
                 r.barrier_id,
                 0,
@@ -309,10 +309,11 @@ impl CoordinationService for TfService {
         &self,
         req: Request<CancelBarrierRequest>,
     ) -> Reply<CancelBarrierResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::Barrier)?;
-        self.coord
+        coord
             .cancel_barrier(r.barrier_id, 0, task)
             .await
             .map_err(|e| self.status(e))?;

@@ -111,11 +111,11 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<RegisterTaskRequest>,
     ) -> Reply<RegisterTaskResponse> {
+        let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(r.source_task_id, U::Register)?;
-        let inc = self
-            .coord
+        let inc = coord
             .register(task, r.incarnation)
             .await
             .map_err(|e| self.status(e))?;
@@ -125,11 +125,11 @@ impl CoordinationService for XlaService {
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::Heartbeat)?;
-        let inc = self
-            .coord
+        let inc = coord
             .heartbeat(task, r.incarnation)
             .await
             .map_err(|e| self.status(e))?;
@@ -142,13 +142,11 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<ShutdownTaskRequest>,
     ) -> Reply<ShutdownTaskResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::Disconnect)?;
-        self.coord
-            .shutdown(task)
-            .await
-            .map_err(|e| self.status(e))?;
+        coord.shutdown(task).await.map_err(|e| self.status(e))?;
         Ok(Response::new(ShutdownTaskResponse {}))
     }
 
@@ -196,10 +194,11 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<InsertKeyValueRequest>,
     ) -> Reply<InsertKeyValueResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let kv = r.kv.unwrap_or_default();
-        self.coord
+        coord
             .kv_insert(kv.key, kv.value, r.allow_overwrite)
             .await
             .map_err(|e| self.status(e))?;
@@ -239,10 +238,10 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<IncrementKeyValueRequest>,
     ) -> Reply<IncrementKeyValueResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
-        let v = self
-            .coord
+        let v = coord
             .kv_increment(r.key.clone(), r.increment)
             .await
             .map_err(|e| self.status(e))?;
@@ -278,16 +277,15 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<DeleteKeyValueRequest>,
     ) -> Reply<DeleteKeyValueResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
-        self.coord
-            .kv_delete(r.key)
-            .await
-            .map_err(|e| self.status(e))?;
+        coord.kv_delete(r.key).await.map_err(|e| self.status(e))?;
         Ok(Response::new(DeleteKeyValueResponse {}))
     }
 
     async fn barrier(&self, req: Request<BarrierRequest>) -> Reply<BarrierResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::Barrier)?;
@@ -300,8 +298,7 @@ impl CoordinationService for XlaService {
                 None => {}
             }
         }
-        let counter = self
-            .coord
+        let counter = coord
             .barrier(
                 r.barrier_id,
                 r.counter,
@@ -319,10 +316,11 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<CancelBarrierRequest>,
     ) -> Reply<CancelBarrierResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::Barrier)?;
-        self.coord
+        coord
             .cancel_barrier(r.barrier_id, r.counter, task)
             .await
             .map_err(|e| self.status(e))?;
@@ -333,6 +331,7 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<GetAliveTasksRequest>,
     ) -> Reply<GetAliveTasksResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.requesting_task_id, U::AliveTasks)?;
@@ -340,8 +339,7 @@ impl CoordinationService for XlaService {
         for id in &r.task_ids {
             tasks.push(self.task(*id, U::AliveTasks)?);
         }
-        let alive = self
-            .coord
+        let alive = coord
             .alive_tasks(task, tasks)
             .await
             .map_err(|e| self.status(e))?;
@@ -363,20 +361,22 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<PollForErrorRequest>,
     ) -> Reply<PollForErrorResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::PollForError)?;
-        Err(self.status(self.coord.poll_for_error(task).await))
+        Err(self.status(coord.poll_for_error(task).await))
     }
 
     async fn report_error_to_service(
         &self,
         req: Request<ReportErrorToServiceRequest>,
     ) -> Reply<ReportErrorToServiceResponse> {
+        let coord = self.coord.for_request(&req)?;
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::ReportError)?;
-        self.coord
+        coord
             .report_error(task, r.error_code, r.error_message)
             .await
             .map_err(|e| self.status(e))?;

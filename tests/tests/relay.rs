@@ -1,0 +1,90 @@
+//! The relay makes a node's death invisible to stock jaxlib clients: a
+//! 2-process jaxlib job, each process through its own relay, keeps running
+//! KV operations and barriers in lock-step while every coordstore node is
+//! SIGKILLed and restarted in turn (a rolling restart, leader included). No
+//! client process dies and every acknowledged write is read back at the end.
+
+use std::time::Duration;
+
+use coordstore_tests::jax::PyProc;
+use coordstore_tests::{free_port, Cluster, NodeProc};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_jaxlib_job_through_relays_survives_a_rolling_restart() {
+    let mut cluster = Cluster::start(3, &["--tasks", "2"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let endpoints: Vec<String> = cluster.nodes.iter().map(|n| n.addr.clone()).collect();
+    let relays: Vec<NodeProc> = (0..2)
+        .map(|_| {
+            let addr = format!("127.0.0.1:{}", free_port());
+            NodeProc::relay(&addr, &endpoints, cluster.dir.path())
+        })
+        .collect();
+    let seconds = 40;
+    let mut clients: Vec<PyProc> = (0..2)
+        .map(|t| {
+            let acked = cluster.dir.path().join(format!("acked-{t}.txt"));
+            PyProc::spawn(
+                "jax_client.py",
+                &[
+                    "loop".to_string(),
+                    "--address".into(),
+                    relays[t].addr.clone(),
+                    "--node-id".into(),
+                    t.to_string(),
+                    "--num-tasks".into(),
+                    "2".into(),
+                    "--seconds".into(),
+                    seconds.to_string(),
+                    "--pause-ms".into(),
+                    "5".into(),
+                    "--heartbeat-timeout".into(),
+                    "4".into(),
+                    "--acked".into(),
+                    acked.display().to_string(),
+                    "--deadline".into(),
+                    "170".into(),
+                ],
+                cluster.dir.path(),
+            )
+        })
+        .collect();
+    // Let the job get going, then restart every node in turn.
+    std::thread::sleep(Duration::from_secs(4));
+    for i in 0..3 {
+        cluster.kill(i);
+        let others: Vec<usize> = (0..3).filter(|&j| j != i).collect();
+        rt.block_on(cluster.wait_leader(&others, WAIT));
+        std::thread::sleep(Duration::from_secs(2));
+        cluster.restart(i);
+        rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+        rt.block_on(cluster.wait_converged(&[0, 1, 2], WAIT));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for p in &mut clients {
+        let status = p.wait_exit(Duration::from_secs(180));
+        assert!(
+            status.success() && p.failed_checks().is_empty(),
+            "{status}\n{}\n{}",
+            p.report(),
+            cluster.logs()
+        );
+        let summary = p
+            .lines()
+            .into_iter()
+            .find(|l| l.contains("\"check\": \"loop\""))
+            .unwrap_or_default();
+        assert!(summary.contains("\"ok\": true"), "{}", p.report());
+    }
+    for t in 0..2 {
+        let acked = std::fs::read_to_string(cluster.dir.path().join(format!("acked-{t}.txt")))
+            .unwrap_or_default();
+        assert!(
+            acked.lines().count() > 50,
+            "task {t} acknowledged too little"
+        );
+    }
+}
