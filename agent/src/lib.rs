@@ -1,6 +1,43 @@
-//! coordstore-agent: the client side. [`relay`] is the local proxy that keeps
-//! stock clients' connections alive across node failures. The Rust `Agent`
-//! (API of the TensorFlow coordination agent, seed 000) and the preemption
-//! sync manager arrive with the rest of the agent issue.
+//! coordstore-agent: the client side of coordstore.
+//!
+//! * [`Agent`] — the coordination agent of one task, with the API of
+//!   TensorFlow's `CoordinationServiceAgent` (seed 000): connect, wait for all
+//!   tasks with device info, task status, error reporting and an error
+//!   callback fed by the service's error propagation, shutdown, reset, the KV
+//!   store (blocking / timed / async-cancellable gets, try-get, directories,
+//!   insert, update, delete, revisioned watches) and barriers. It knows every
+//!   node, and rides through failovers and node restarts: calls are re-issued
+//!   at the next node with the same exactly-once origin.
+//! * [`preemption::PreemptionSyncManager`] — the preemption sync protocol of
+//!   seed 002 on the agent (same keys and barrier as JAX).
+//! * [`relay`] — the local proxy that keeps stock clients' connections alive.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tonic::Status> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use agent::{Agent, AgentConfig};
+//!
+//! let nodes = vec!["10.0.0.1:7470".to_string(), "10.0.0.2:7470".into(), "10.0.0.3:7470".into()];
+//! let agent = Agent::new(
+//!     AgentConfig::new(nodes, "worker", 0),
+//!     Arc::new(|e: &tonic::Status| eprintln!("coordination error: {e}")),
+//! )?;
+//! agent.connect().await?;
+//! agent.insert_key_value("config/lr", "0.1").await?;
+//! let peer = agent.get_key_value_timeout("ready/worker1", Duration::from_secs(60)).await?;
+//! agent.wait_at_barrier("step-100", Duration::from_secs(30), &[]).await?;
+//! agent.shutdown().await?;
+//! # let _ = peer; Ok(()) }
+//! ```
 
+mod agent;
+pub mod endpoints;
+pub mod preemption;
 pub mod relay;
+
+pub use agent::{
+    Agent, AgentConfig, AgentState, ChangedKeyValuesCallback, ErrorCallback, KeyValueGet,
+    TaskStatusInfo,
+};
+pub use proto::tf::{CoordinatedTask, CoordinationServiceDeviceInfo};

@@ -6,18 +6,15 @@
 //! a re-issued call that had already been applied returns its first outcome.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proto::xla::coordination_service_client::CoordinationServiceClient;
 use proto::xla::coordination_service_server::{CoordinationService, CoordinationServiceServer};
 use proto::xla::*;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
-use proto::ORIGIN_HEADER;
+use crate::endpoints::Endpoints;
 
 /// Relay settings.
 #[derive(Clone, Debug)]
@@ -41,103 +38,10 @@ impl RelayConfig {
     }
 }
 
-/// Forwards calls to the nodes, moving to the next one when a node fails.
-pub struct Relay {
-    clients: Vec<CoordinationServiceClient<Channel>>,
-    current: AtomicUsize,
-    client_id: u64,
-    seq: AtomicU64,
-    retry_for: Duration,
-}
-
-/// Whether a failed call may be re-issued at another node: a transport or
-/// availability failure, never a domain error (those carry a payload trailer).
-pub fn is_transport_failure(s: &Status) -> bool {
-    s.details().is_empty()
-        && matches!(
-            s.code(),
-            Code::Unavailable
-                | Code::Unknown
-                | Code::Cancelled
-                | Code::Internal
-                | Code::DeadlineExceeded
-        )
-}
-
-impl Relay {
-    /// A relay over `cfg.endpoints` (connections are made lazily).
-    pub fn new(cfg: &RelayConfig) -> Result<Arc<Relay>, String> {
-        if cfg.endpoints.is_empty() {
-            return Err("the relay needs at least one endpoint".into());
-        }
-        let mut clients = Vec::new();
-        for addr in &cfg.endpoints {
-            let ch = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| format!("bad endpoint {addr}: {e}"))?
-                .connect_timeout(Duration::from_millis(500))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(2))
-                .keep_alive_timeout(Duration::from_secs(2))
-                .connect_lazy();
-            clients.push(
-                CoordinationServiceClient::new(ch)
-                    .max_decoding_message_size(cfg.max_message_bytes)
-                    .max_encoding_message_size(cfg.max_message_bytes),
-            );
-        }
-        Ok(Arc::new(Relay {
-            clients,
-            current: AtomicUsize::new(0),
-            client_id: rand::random::<u64>() >> 1,
-            seq: AtomicU64::new(0),
-            retry_for: cfg.retry_for,
-        }))
-    }
-
-    /// Sends `msg` with `method` to the current node, moving on to the next
-    /// node (same origin) after a transport failure.
-    pub async fn call<M, R, F, Fut>(&self, msg: M, method: F) -> Result<Response<R>, Status>
-    where
-        M: Clone,
-        F: Fn(CoordinationServiceClient<Channel>, Request<M>) -> Fut,
-        Fut: std::future::Future<Output = Result<Response<R>, Status>>,
-    {
-        let origin = format!(
-            "{}:{}",
-            self.client_id,
-            self.seq.fetch_add(1, Ordering::Relaxed) + 1
-        );
-        let deadline = Instant::now() + self.retry_for;
-        let mut failures = 0usize;
-        loop {
-            let idx = self.current.load(Ordering::Relaxed) % self.clients.len();
-            let mut req = Request::new(msg.clone());
-            req.metadata_mut()
-                .insert(ORIGIN_HEADER, origin.parse().expect("ascii digits"));
-            match method(self.clients[idx].clone(), req).await {
-                Err(s) if is_transport_failure(&s) && Instant::now() < deadline => {
-                    tracing::debug!(node = idx, "relay: {}; trying the next node", s.message());
-                    // Move on unless another call already did.
-                    let _ = self.current.compare_exchange(
-                        idx,
-                        (idx + 1) % self.clients.len(),
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    );
-                    failures += 1;
-                    if failures.is_multiple_of(self.clients.len()) {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-                other => return other,
-            }
-        }
-    }
-}
-
 /// The xla dialect served by the relay.
 pub struct XlaRelay {
-    relay: Arc<Relay>,
+    nodes: Endpoints,
+    max_message_bytes: usize,
 }
 
 macro_rules! forward {
@@ -146,9 +50,17 @@ macro_rules! forward {
         impl CoordinationService for XlaRelay {
             $(
                 async fn $method(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
-                    self.relay
-                        .call(req.into_inner(), |mut c, r| async move { c.$method(r).await })
+                    let max = self.max_message_bytes;
+                    self.nodes
+                        .call(req.into_inner(), |ch, r| async move {
+                            CoordinationServiceClient::new(ch)
+                                .max_decoding_message_size(max)
+                                .max_encoding_message_size(max)
+                                .$method(r)
+                                .await
+                        })
                         .await
+                        .map(Response::new)
                 }
             )*
         }
@@ -179,15 +91,18 @@ pub async fn serve(
     cfg: RelayConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let relay = Relay::new(&cfg)?;
+    let nodes = Endpoints::new(&cfg.endpoints, cfg.retry_for)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let svc = CoordinationServiceServer::new(XlaRelay { relay })
-        .accept_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
+    let svc = CoordinationServiceServer::new(XlaRelay {
+        nodes,
+        max_message_bytes: cfg.max_message_bytes,
+    })
+    .accept_compressed(CompressionEncoding::Gzip)
+    .max_decoding_message_size(cfg.max_message_bytes)
+    .max_encoding_message_size(cfg.max_message_bytes);
     tracing::info!(%listen, endpoints = ?cfg.endpoints, "coordstore relay serving");
     tonic::transport::Server::builder()
         .tcp_nodelay(true)

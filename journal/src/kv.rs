@@ -6,8 +6,27 @@ use bytes::Bytes;
 
 use crate::errors;
 use crate::keys::{dir_prefix, normalize_key};
-use crate::pb::{KvInsert, KvRecord, Outcome};
+use crate::pb::{KvEvent, KvInsert, KvRecord, Outcome};
 use crate::state::State;
+
+/// Default bound of the watch history in bytes.
+pub const DEFAULT_WATCH_HISTORY_BYTES: u64 = 16 << 20;
+/// Most events the watch history keeps.
+pub const MAX_WATCH_EVENTS: usize = 65_536;
+
+/// A watch asked for changes older than the history keeps: re-read the
+/// current state and watch from its revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compacted {
+    /// The oldest revision the history still has complete.
+    pub history_start: u64,
+    /// The current store revision.
+    pub revision: u64,
+}
+
+fn event_bytes(e: &KvEvent) -> u64 {
+    (e.key.len() + e.value.len() + 16) as u64
+}
 
 impl State {
     pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
@@ -19,11 +38,13 @@ impl State {
             Some(e) => {
                 e.value = c.value.clone();
                 e.mod_revision = rev;
+                self.record_event(rev, &key, &c.value, false);
             }
             None => {
                 if limit > 0 && self.d.kv.len() as u64 >= limit {
                     return Outcome::err(errors::too_many_keys(limit));
                 }
+                self.record_event(rev, &key, &c.value, false);
                 self.d.kv.insert(
                     key,
                     KvRecord {
@@ -41,7 +62,10 @@ impl State {
     /// Deletes the key and everything under it; deleting nothing is OK.
     pub(crate) fn kv_delete(&mut self, key: &str) -> Outcome {
         let key = normalize_key(key);
-        let mut removed = self.d.kv.remove(&key).is_some();
+        let mut removed: Vec<String> = Vec::new();
+        if self.d.kv.remove(&key).is_some() {
+            removed.push(key.clone());
+        }
         if let Some(prefix) = dir_prefix(&key) {
             let under: Vec<String> = self
                 .d
@@ -50,15 +74,84 @@ impl State {
                 .take_while(|(k, _)| k.starts_with(&prefix))
                 .map(|(k, _)| k.clone())
                 .collect();
-            removed |= !under.is_empty();
             for k in under {
                 self.d.kv.remove(&k);
+                removed.push(k);
             }
         }
-        if removed {
-            self.d.kv_revision += 1;
+        if !removed.is_empty() {
+            let rev = self.d.kv_revision + 1;
+            for k in &removed {
+                self.record_event(rev, k, &Bytes::new(), true);
+            }
+            self.d.kv_revision = rev;
         }
         Outcome::ok()
+    }
+
+    /// Appends a change to the watch history and drops whole revisions from
+    /// its front while it is over its bounds.
+    pub(crate) fn record_event(&mut self, revision: u64, key: &str, value: &Bytes, deleted: bool) {
+        let e = KvEvent {
+            revision,
+            key: key.to_string(),
+            value: value.clone(),
+            deleted,
+        };
+        self.d.kv_history_bytes += event_bytes(&e);
+        self.d.kv_events.push(e);
+        let limit = match self.cfg().watch_history_bytes {
+            0 => DEFAULT_WATCH_HISTORY_BYTES,
+            n => n,
+        };
+        let over = |d: &crate::pb::StateData| {
+            d.kv_history_bytes > limit || d.kv_events.len() > MAX_WATCH_EVENTS
+        };
+        if !over(&self.d) {
+            return;
+        }
+        // Drop a quarter (whole revisions) at once: front removal is O(n).
+        let target = self.d.kv_events.len() - self.d.kv_events.len() / 4;
+        let mut cut = 0;
+        while cut < self.d.kv_events.len()
+            && (over(&self.d) || self.d.kv_events.len() - cut > target)
+        {
+            let rev = self.d.kv_events[cut].revision;
+            while cut < self.d.kv_events.len() && self.d.kv_events[cut].revision == rev {
+                self.d.kv_history_bytes -= event_bytes(&self.d.kv_events[cut]);
+                cut += 1;
+            }
+            if self.d.kv_history_bytes <= limit && self.d.kv_events.len() - cut <= target {
+                break;
+            }
+        }
+        self.d.kv_events.drain(..cut);
+        self.d.kv_history_start = self
+            .d
+            .kv_events
+            .first()
+            .map_or(self.d.kv_revision + 1, |e| e.revision);
+    }
+
+    /// Forgets the whole history (job epoch reset): watches resuming from
+    /// before now must re-read the store.
+    pub(crate) fn clear_history(&mut self) {
+        self.d.kv_events.clear();
+        self.d.kv_history_bytes = 0;
+        self.d.kv_history_start = self.d.kv_revision + 1;
+    }
+
+    /// Every change after revision `after`, oldest first, or [`Compacted`] if
+    /// the history no longer holds all of them.
+    pub fn kv_events_after(&self, after: u64) -> Result<&[KvEvent], Compacted> {
+        if after + 1 < self.d.kv_history_start {
+            return Err(Compacted {
+                history_start: self.d.kv_history_start,
+                revision: self.d.kv_revision,
+            });
+        }
+        let i = self.d.kv_events.partition_point(|e| e.revision <= after);
+        Ok(&self.d.kv_events[i..])
     }
 
     /// Adds `increment` to the decimal integer at `key` (missing = 0).
@@ -83,6 +176,7 @@ impl State {
         }
         let rev = self.d.kv_revision + 1;
         let value = Bytes::from(next.to_string());
+        self.record_event(rev, &key, &value, false);
         self.d
             .kv
             .entry(key)

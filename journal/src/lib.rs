@@ -40,6 +40,7 @@ mod tasks;
 pub use alive::AliveTasks;
 pub use barrier::{shutdown_barrier_id, wait_all_barrier_id, BarrierDeadline, REGISTER_BARRIER};
 pub use keys::normalize_key;
+pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
 pub use pb::{Code, DomainError, Outcome, TaskStatus, Update};
 pub use state::{
     task_name, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS, DEFAULT_MAX_OUTCOMES_PER_CLIENT,

@@ -178,6 +178,7 @@ impl State {
         self.d.epoch += 1;
         self.d.service_incarnation = c.service_incarnation;
         self.d.kv.clear();
+        self.clear_history();
         self.d.barriers.clear();
         self.d.propagated_error = None;
         self.d.any_polled = false;

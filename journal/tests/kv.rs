@@ -178,3 +178,84 @@ fn kv_is_untouched_by_task_errors() {
     assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v");
     ok(&apply(&mut s, insert("k2", "v", false), 2100));
 }
+
+// ------------------------------------------------------- watch history ----
+
+fn events(s: &State, after: u64) -> Vec<(u64, String, String, bool)> {
+    s.kv_events_after(after)
+        .expect("history complete")
+        .iter()
+        .map(|e| {
+            (
+                e.revision,
+                e.key.clone(),
+                String::from_utf8(e.value.to_vec()).unwrap(),
+                e.deleted,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_change_is_an_event_with_its_own_revision() {
+    let mut s = new_state(1, &Opts::default());
+    ok(&apply(&mut s, insert("/a//x", "1", false), 0));
+    ok(&apply(&mut s, insert("a/y", "2", false), 0));
+    ok(&apply(&mut s, incr("n", 5), 0));
+    ok(&apply(&mut s, insert("a/x", "3", true), 0));
+    // A failed insert and a delete of nothing change nothing.
+    assert!(apply(&mut s, insert("a/x", "4", false), 0).is_err());
+    ok(&apply(&mut s, delete("nothing"), 0));
+    // A recursive delete is one revision with an event per key.
+    ok(&apply(&mut s, delete("a"), 0));
+    assert_eq!(s.kv_revision(), 5);
+    assert_eq!(
+        events(&s, 0),
+        vec![
+            (1, "a/x".into(), "1".into(), false),
+            (2, "a/y".into(), "2".into(), false),
+            (3, "n".into(), "5".into(), false),
+            (4, "a/x".into(), "3".into(), false),
+            (5, "a/x".into(), "".into(), true),
+            (5, "a/y".into(), "".into(), true),
+        ]
+    );
+    // Resuming after revision 3 yields exactly the later events.
+    assert_eq!(events(&s, 3).len(), 3);
+    assert!(events(&s, 5).is_empty());
+}
+
+#[test]
+fn the_history_is_bounded_and_reports_compaction() {
+    let o = Opts {
+        watch_history_bytes: 2_000,
+        ..Default::default()
+    };
+    let mut s = new_state(1, &o);
+    for i in 0..200 {
+        ok(&apply(
+            &mut s,
+            insert(&format!("k{i}"), &"v".repeat(20), true),
+            0,
+        ));
+    }
+    let c = s.kv_events_after(0).unwrap_err();
+    assert_eq!(c.revision, 200);
+    assert!(c.history_start > 1);
+    // Everything from the history start on is still there, in order.
+    let tail = s.kv_events_after(c.history_start - 1).unwrap();
+    assert_eq!(tail.first().unwrap().revision, c.history_start);
+    assert_eq!(tail.last().unwrap().revision, 200);
+    assert_eq!(tail.len() as u64, 200 - c.history_start + 1);
+}
+
+#[test]
+fn a_job_epoch_reset_compacts_the_history() {
+    let mut s = new_state(1, &Opts::default());
+    ok(&apply(&mut s, insert("a", "1", false), 0));
+    ok(&apply(&mut s, reset_epoch(77, None), 0));
+    assert!(s.kv_events_after(0).is_err());
+    assert!(s.kv_events_after(1).unwrap().is_empty());
+    ok(&apply(&mut s, insert("b", "2", false), 0));
+    assert_eq!(events(&s, 1), vec![(2, "b".into(), "2".into(), false)]);
+}

@@ -68,6 +68,9 @@ pub struct ServeOptions {
     /// Outcomes remembered per client [default: 64]
     #[arg(long)]
     pub max_outcomes_per_client: Option<u32>,
+    /// Bytes of KV change history kept for resumable watches [default: 16777216]
+    #[arg(long)]
+    pub watch_history_bytes: Option<u64>,
     /// sled page-cache bound [default: 67108864]
     #[arg(long)]
     pub cache_bytes: Option<u64>,
@@ -162,6 +165,7 @@ impl ServeOptions {
             max_keys,
             max_client_sessions,
             max_outcomes_per_client,
+            watch_history_bytes,
             cache_bytes,
             snapshot_every,
             keep_behind_snapshot,
@@ -228,6 +232,9 @@ impl ServeOptions {
             max_client_sessions: self.max_client_sessions.unwrap_or(0),
             max_outcomes_per_client: self.max_outcomes_per_client.unwrap_or(0),
             max_keys: self.max_keys.unwrap_or(0),
+            watch_history_bytes: self
+                .watch_history_bytes
+                .unwrap_or(journal::DEFAULT_WATCH_HISTORY_BYTES),
         };
         let mut raft = raft::RaftSettings::default();
         if let Some(v) = self.snapshot_every {

@@ -5,6 +5,7 @@
 //! timers and liveness. [`server::start`] runs all of it on one port, beside
 //! coordstore's own `Node` API and the Raft peer service.
 
+pub mod agent_api;
 pub mod config;
 pub mod coord;
 pub mod core;

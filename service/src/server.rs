@@ -11,6 +11,7 @@ use raft::{NodeConfig, RaftNode, Role};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::agent_api::AgentApi;
 use crate::config::ServeConfig;
 use crate::coord::Coordination;
 use crate::core::Core;
@@ -79,7 +80,8 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .add_service(node.peer_service())
         .add_service(NodeApi::server(core.clone(), cfg.max_message_bytes))
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
-        .add_service(TfService::server(coord, cfg.max_message_bytes));
+        .add_service(TfService::server(coord.clone(), cfg.max_message_bytes))
+        .add_service(AgentApi::server(coord, cfg.max_message_bytes));
     // Nagle off on accepted connections (tonic's own setting only covers the
     // listeners it binds itself): small replies must not wait for ACKs.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

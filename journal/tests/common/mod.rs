@@ -18,6 +18,7 @@ pub struct Opts {
     pub max_client_sessions: u32,
     pub max_outcomes_per_client: u32,
     pub max_keys: u64,
+    pub watch_history_bytes: u64,
 }
 
 impl Default for Opts {
@@ -31,6 +32,7 @@ impl Default for Opts {
             max_client_sessions: 0,
             max_outcomes_per_client: 0,
             max_keys: 0,
+            watch_history_bytes: 0,
         }
     }
 }
@@ -68,6 +70,7 @@ pub fn config_jobs(jobs: &[(&str, u32)], o: &Opts) -> ClusterConfig {
         max_client_sessions: o.max_client_sessions,
         max_outcomes_per_client: o.max_outcomes_per_client,
         max_keys: o.max_keys,
+        watch_history_bytes: o.watch_history_bytes,
     }
 }
 

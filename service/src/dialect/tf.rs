@@ -40,43 +40,48 @@ impl TfService {
     }
 
     fn status(&self, e: CallError) -> Status {
-        to_status(e, |d| self.domain_status(d))
-    }
-
-    fn domain_status(&self, e: &DomainError) -> Status {
-        let mut payloads = HashMap::new();
-        if e.coordination_payload {
-            let source_task = e.source_task.and_then(|i| {
-                self.coord.read(|s| {
-                    s.task_id(i).map(|(job, id)| CoordinatedTask {
-                        job_name: job.to_string(),
-                        task_id: id,
-                    })
-                })
-            });
-            let p = CoordinationServiceError {
-                is_reported_error: e.is_reported_error,
-                source_task,
-            };
-            payloads.insert(
-                payload_keys::COORDINATION_SERVICE_ERROR.to_string(),
-                p.encode_to_vec(),
-            );
-        }
-        status_with_payloads(e.code, &e.message, payloads)
+        to_status(e, |d| domain_status(&self.coord, d))
     }
 
     fn task(&self, t: &Option<CoordinatedTask>, call: U) -> Result<u32, Status> {
         let t = t.clone().unwrap_or_default();
-        self.coord
-            .read(|s| s.task_index(&t.job_name, t.task_id))
-            .ok_or_else(|| {
-                self.domain_status(&journal::errors::unknown_task(
-                    call,
-                    &task_name(&t.job_name, t.task_id),
-                ))
-            })
+        task_index(&self.coord, &t.job_name, t.task_id, call)
     }
+}
+
+/// The wire error of a domain error, payload in the tensorflow encoding
+/// (CoordinationServiceError with the source task's job and id).
+pub(crate) fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
+    let mut payloads = HashMap::new();
+    if e.coordination_payload {
+        let source_task = e.source_task.and_then(|i| {
+            coord.read(|s| {
+                s.task_id(i).map(|(job, id)| CoordinatedTask {
+                    job_name: job.to_string(),
+                    task_id: id,
+                })
+            })
+        });
+        let p = CoordinationServiceError {
+            is_reported_error: e.is_reported_error,
+            source_task,
+        };
+        payloads.insert(
+            payload_keys::COORDINATION_SERVICE_ERROR.to_string(),
+            p.encode_to_vec(),
+        );
+    }
+    status_with_payloads(e.code, &e.message, payloads)
+}
+
+/// The index of task `id` of job `job`, or the unknown-task error of `call`.
+pub(crate) fn task_index(coord: &Coordination, job: &str, id: i32, call: U) -> Result<u32, Status> {
+    coord.read(|s| s.task_index(job, id)).ok_or_else(|| {
+        domain_status(
+            coord,
+            &journal::errors::unknown_task(call, &task_name(job, id)),
+        )
+    })
 }
 
 /// Aggregates per-task device info (each a serialized

@@ -1,0 +1,129 @@
+//! Every node of the cluster as one target: a call goes to the current node
+//! and, after a transport failure, to the next one, with the same
+//! exactly-once origin (`x-coordstore-origin`). Shared by the relay and the
+//! agent.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::ORIGIN_HEADER;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+
+/// Whether a failed call may be re-issued at another node: a transport or
+/// availability failure, never a domain error (those carry a payload trailer).
+pub fn is_transport_failure(s: &Status) -> bool {
+    s.details().is_empty()
+        && matches!(
+            s.code(),
+            Code::Unavailable
+                | Code::Unknown
+                | Code::Cancelled
+                | Code::Internal
+                | Code::DeadlineExceeded
+        )
+}
+
+struct Inner {
+    channels: Vec<Channel>,
+    current: AtomicUsize,
+    client_id: u64,
+    seq: AtomicU64,
+    retry_for: Duration,
+}
+
+/// The nodes of one cluster, with failover and origins.
+#[derive(Clone)]
+pub struct Endpoints {
+    inner: Arc<Inner>,
+}
+
+impl Endpoints {
+    /// Lazily connected channels to `addrs` (HOST:PORT); a call keeps trying
+    /// nodes for up to `retry_for`.
+    pub fn new(addrs: &[String], retry_for: Duration) -> Result<Endpoints, String> {
+        if addrs.is_empty() {
+            return Err("at least one endpoint is needed".into());
+        }
+        let mut channels = Vec::new();
+        for addr in addrs {
+            let ch = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| format!("bad endpoint {addr}: {e}"))?
+                .connect_timeout(Duration::from_millis(500))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(2))
+                .keep_alive_timeout(Duration::from_secs(2))
+                .connect_lazy();
+            channels.push(ch);
+        }
+        Ok(Endpoints {
+            inner: Arc::new(Inner {
+                channels,
+                current: AtomicUsize::new(0),
+                client_id: rand::random::<u64>() >> 1,
+                seq: AtomicU64::new(0),
+                retry_for,
+            }),
+        })
+    }
+
+    /// A fresh origin for one call.
+    pub fn next_origin(&self) -> String {
+        format!(
+            "{}:{}",
+            self.inner.client_id,
+            self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1
+        )
+    }
+
+    /// The node calls go to now, and its channel.
+    pub fn current(&self) -> (usize, Channel) {
+        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.channels.len();
+        (i, self.inner.channels[i].clone())
+    }
+
+    /// Marks node `idx` as failed: calls move on to the next one (unless
+    /// another call already moved them).
+    pub fn failed(&self, idx: usize) {
+        let n = self.inner.channels.len();
+        let _ = self.inner.current.compare_exchange(
+            idx,
+            (idx + 1) % n,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Sends `msg` through `method` with a fresh origin, moving from node to
+    /// node on transport failures until the retry time runs out.
+    pub async fn call<M, R, F, Fut>(&self, msg: M, method: F) -> Result<R, Status>
+    where
+        M: Clone,
+        F: Fn(Channel, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let origin = self.next_origin();
+        let deadline = Instant::now() + self.inner.retry_for;
+        let mut failures = 0usize;
+        loop {
+            let (idx, ch) = self.current();
+            let mut req = Request::new(msg.clone());
+            req.metadata_mut()
+                .insert(ORIGIN_HEADER, origin.parse().expect("ascii digits"));
+            match method(ch, req).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if is_transport_failure(&s) && Instant::now() < deadline => {
+                    tracing::debug!(node = idx, "{}; trying the next node", s.message());
+                    self.failed(idx);
+                    failures += 1;
+                    if failures.is_multiple_of(self.inner.channels.len()) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+}
