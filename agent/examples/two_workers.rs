@@ -35,7 +35,9 @@ async fn main() -> Result<(), tonic::Status> {
                 .get_key_value_timeout(&format!("hello/{}", 1 - id), Duration::from_secs(30))
                 .await?;
             println!("worker {id} got: {}", String::from_utf8_lossy(&peer));
-            agent.wait_at_barrier("done", Duration::from_secs(30), &[]).await?;
+            agent
+                .wait_at_barrier("done", Duration::from_secs(30), &[])
+                .await?;
             agent.shutdown().await
         }));
     }

@@ -64,13 +64,22 @@ pub(crate) struct Pending {
 }
 
 /// Starts the batcher task; proposals go into the returned queue.
-pub(crate) fn spawn(raft: Raft, settings: &RaftSettings) -> mpsc::Sender<Pending> {
+pub(crate) fn spawn(
+    raft: Raft,
+    settings: &RaftSettings,
+    state: storage::StateHandle,
+) -> mpsc::Sender<Pending> {
     let (tx, rx) = mpsc::channel(settings.proposal_queue.max(1));
-    tokio::spawn(run(raft, rx, settings.clone()));
+    tokio::spawn(run(raft, rx, settings.clone(), state));
     tx
 }
 
-async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings) {
+async fn run(
+    raft: Raft,
+    mut rx: mpsc::Receiver<Pending>,
+    settings: RaftSettings,
+    state: storage::StateHandle,
+) {
     let inflight = Arc::new(Semaphore::new(settings.max_inflight_batches.max(1)));
     loop {
         // Wait for a slot first: proposals pile up in the queue meanwhile.
@@ -102,9 +111,19 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings
                 }
             }
             Ok(done) => {
+                let state = state.clone();
                 tokio::spawn(async move {
                     let result = done.await;
                     drop(permit);
+                    if let Ok(Ok(resp)) = &result {
+                        let applied = state.last_applied().map_or(0, |l| l.index);
+                        if applied < resp.log_id.index {
+                            tracing::error!(
+                                "acknowledging entry {} while the state machine is at {applied}",
+                                resp.log_id
+                            );
+                        }
+                    }
                     deliver(result, replies);
                 });
             }

@@ -31,9 +31,12 @@ pub type Raft = openraft::Raft<TypeConfig>;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Lazily connected tonic channels to peers, cached by node id and address.
+/// An override replaces the membership address of a peer for this node only
+/// (a proxy in front of the peer, a different network path).
 #[derive(Clone)]
 pub struct Channels {
     cache: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+    overrides: Arc<HashMap<NodeId, String>>,
 }
 
 impl Default for Channels {
@@ -45,14 +48,21 @@ impl Default for Channels {
 impl Channels {
     /// An empty cache.
     pub fn new() -> Self {
+        Self::with_overrides(HashMap::new())
+    }
+
+    /// An empty cache that reaches the peers in `overrides` at those addresses.
+    pub fn with_overrides(overrides: HashMap<NodeId, String>) -> Self {
         Channels {
             cache: Arc::new(Mutex::new(HashMap::new())),
+            overrides: Arc::new(overrides),
         }
     }
 
     /// The channel to node `id` at `addr` (host:port), created on first use
     /// and replaced when the address changes.
     pub fn get(&self, id: NodeId, addr: &str) -> Result<Channel, String> {
+        let addr = self.overrides.get(&id).map_or(addr, String::as_str);
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((a, ch)) = cache.get(&id) {
             if a == addr {

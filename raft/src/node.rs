@@ -32,6 +32,9 @@ pub struct NodeConfig {
     pub cache_bytes: u64,
     /// Replication tunables.
     pub settings: RaftSettings,
+    /// Addresses this node uses for some peers instead of their membership
+    /// address.
+    pub peer_overrides: std::collections::HashMap<NodeId, String>,
 }
 
 /// Why a node could not start.
@@ -101,12 +104,12 @@ impl RaftNode {
             .settings
             .openraft_config(&cfg.cluster_id)
             .map_err(StartError::Raft)?;
-        let channels = Channels::new();
+        let channels = Channels::with_overrides(cfg.peer_overrides.clone());
         let network = PeerNetwork::new(channels.clone(), cfg.settings.max_message_bytes);
         let raft = Raft::new(cfg.node_id, config, network, log, sm)
             .await
             .map_err(|e| StartError::Raft(format!("openraft failed to start: {e}")))?;
-        let writes = batcher::spawn(raft.clone(), &cfg.settings);
+        let writes = batcher::spawn(raft.clone(), &cfg.settings, state.clone());
         let reads = reads::spawn(raft.clone());
         Ok(Arc::new(RaftNode {
             id: cfg.node_id,

@@ -31,6 +31,14 @@ pub struct ServeOptions {
     /// Every voting member: ID=HOST:PORT,ID=HOST:PORT,... [default: this node alone]
     #[arg(long)]
     pub cluster: Option<String>,
+    /// Reach some peers at other addresses than their advertised ones:
+    /// ID=HOST:PORT,... (a proxy or another network path; this node only)
+    #[arg(long)]
+    pub peer_address: Option<String>,
+    /// Join an existing cluster instead of bootstrapping one: wait to be
+    /// added with `coordstore ctl member add` [default: false]
+    #[arg(long)]
+    pub join: Option<bool>,
     /// Name of the cluster; data dirs of another cluster are refused [default: coordstore]
     #[arg(long)]
     pub cluster_id: Option<String>,
@@ -120,6 +128,10 @@ pub struct ServeConfig {
     pub raft: raft::RaftSettings,
     /// Leader wait of forwarded calls.
     pub leader_wait_ms: u64,
+    /// Peer address overrides.
+    pub peer_overrides: std::collections::HashMap<u64, String>,
+    /// Join instead of bootstrapping.
+    pub join: bool,
 }
 
 fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
@@ -154,6 +166,8 @@ impl ServeOptions {
             advertise,
             data_dir,
             cluster,
+            peer_address,
+            join,
             cluster_id,
             tasks,
             heartbeat_timeout_ms,
@@ -250,6 +264,15 @@ impl ServeOptions {
             raft.election_timeout_min_ms = v;
             raft.election_timeout_max_ms = 2 * v;
         }
+        let mut peer_overrides = std::collections::HashMap::new();
+        if let Some(spec) = &self.peer_address {
+            for (id, addr) in parse_pairs(spec, "--peer-address")? {
+                let id: u64 = id
+                    .parse()
+                    .map_err(|_| format!("--peer-address: bad node id '{id}'"))?;
+                peer_overrides.insert(id, addr);
+            }
+        }
         let max_message_bytes = self.max_message_bytes.unwrap_or(512 << 20);
         raft.max_message_bytes = raft.max_message_bytes.max(max_message_bytes);
         Ok(ServeConfig {
@@ -266,6 +289,8 @@ impl ServeOptions {
             cache_bytes: self.cache_bytes.unwrap_or(storage::DEFAULT_CACHE_BYTES),
             raft,
             leader_wait_ms: self.leader_wait_ms.unwrap_or(30_000),
+            peer_overrides,
+            join: self.join.unwrap_or(false),
         })
     }
 }

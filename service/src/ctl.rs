@@ -22,6 +22,9 @@ pub enum CtlCommand {
     Tasks,
     /// Every barrier with its newest instance (JSON).
     Barriers,
+    /// Cluster membership.
+    #[command(subcommand)]
+    Member(MemberCommand),
     /// Start a new job epoch: clear tasks, barriers, errors and KV and draw a
     /// new service incarnation (optionally with a new task layout).
     ResetJob {
@@ -29,6 +32,15 @@ pub enum CtlCommand {
         #[arg(long)]
         tasks: Option<u32>,
     },
+}
+
+/// Membership verbs.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum MemberCommand {
+    /// Add a node started with --join: learner until caught up, then voter.
+    Add { id: u64, address: String },
+    /// Remove a node from the cluster.
+    Remove { id: u64 },
 }
 
 /// KV verbs.
@@ -183,6 +195,23 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
                     "deadline_ms": b.deadline_ms,
                     "error": b.error.as_ref().map(|e| e.display()),
                 }))
+                .collect::<Vec<_>>())
+        }
+        CtlCommand::Member(m) => {
+            let r = match m {
+                MemberCommand::Add { id, address } => c
+                    .add_member(proto::coordstore::AddMemberRequest { id, address })
+                    .await?
+                    .into_inner(),
+                MemberCommand::Remove { id } => c
+                    .remove_member(proto::coordstore::RemoveMemberRequest { id })
+                    .await?
+                    .into_inner(),
+            };
+            json!(r
+                .members
+                .iter()
+                .map(|m| json!({"id": m.id, "address": m.address, "role": m.role}))
                 .collect::<Vec<_>>())
         }
         CtlCommand::ResetJob { tasks } => {

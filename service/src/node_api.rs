@@ -6,13 +6,14 @@ use journal::Update;
 use prost::Message;
 use proto::coordstore::node_server::{Node, NodeServer};
 use proto::coordstore::{
-    HeartbeatRequest, HeartbeatResponse, KvGetRequest, KvGetResponse, KvListRequest,
-    KvListResponse, KvPair, Member, ProposeRequest, ProposeResponse, ReadIndexRequest,
-    ReadIndexResponse, StateRequest, StateResponse, StatusRequest, StatusResponse,
+    AddMemberRequest, HeartbeatRequest, HeartbeatResponse, KvGetRequest, KvGetResponse,
+    KvListRequest, KvListResponse, KvPair, Member, MembershipResponse, ProposeRequest,
+    ProposeResponse, ReadIndexRequest, ReadIndexResponse, RemoveMemberRequest, StateRequest,
+    StateResponse, StatusRequest, StatusResponse,
 };
 use tonic::{Request, Response, Status};
 
-use crate::core::{forwarded, was_forwarded, Core};
+use crate::core::{forwarded, was_forwarded, Core, Retry};
 
 /// The `Node` service of one node.
 pub struct NodeApi {
@@ -117,14 +118,20 @@ impl Node for NodeApi {
                 may_forward,
                 || async {
                     core.read_barrier().await?;
-                    Ok(core.node().state().read(|s| match s.kv_entry(&key) {
+                    let node = core.node();
+                    let mut reply = node.state().read(|s| match s.kv_entry(&key) {
                         Some(e) => KvGetResponse {
                             found: true,
                             value: e.value.clone(),
                             mod_revision: e.mod_revision,
+                            ..Default::default()
                         },
                         None => KvGetResponse::default(),
-                    }))
+                    });
+                    reply.served_by = node.id();
+                    reply.term = node.metrics().current_term;
+                    reply.applied_index = core.applied_index();
+                    Ok(reply)
                 },
                 |mut c| {
                     let r = r.clone();
@@ -217,6 +224,68 @@ impl Node for NodeApi {
                 .err()
                 .map(|e| e.encode_to_vec().into())
                 .unwrap_or_default(),
+        }))
+    }
+
+    async fn add_member(
+        &self,
+        req: Request<AddMemberRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let r = req.into_inner();
+        let core = &self.core;
+        let (id, addr) = (r.id, r.address.clone());
+        core.on_leader(
+            may_forward,
+            || {
+                let addr = addr.clone();
+                async move {
+                    let node = core.node();
+                    node.add_learner(id, &addr).await.map_err(Retry)?;
+                    let mut voters: std::collections::BTreeSet<u64> = node
+                        .members()
+                        .into_iter()
+                        .filter(|(_, _, voter)| *voter)
+                        .map(|(n, _, _)| n)
+                        .collect();
+                    voters.insert(id);
+                    node.change_voters(voters, false).await.map_err(Retry)?;
+                    Ok(())
+                }
+            },
+            |mut c| {
+                let r = r.clone();
+                async move {
+                    c.add_member(forwarded(r)).await?;
+                    Ok(())
+                }
+            },
+        )
+        .await?;
+        Ok(Response::new(MembershipResponse {
+            members: status(core).members,
+        }))
+    }
+
+    async fn remove_member(
+        &self,
+        req: Request<RemoveMemberRequest>,
+    ) -> Result<Response<MembershipResponse>, Status> {
+        let may_forward = !was_forwarded(&req);
+        let id = req.into_inner().id;
+        let core = &self.core;
+        core.on_leader(
+            may_forward,
+            || async move { core.node().remove(id).await.map_err(Retry) },
+            |mut c| async move {
+                c.remove_member(forwarded(RemoveMemberRequest { id }))
+                    .await?;
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(Response::new(MembershipResponse {
+            members: status(core).members,
         }))
     }
 }

@@ -64,6 +64,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         cluster_id: cfg.cluster_id.clone(),
         cache_bytes: cfg.cache_bytes,
         settings: cfg.raft.clone(),
+        peer_overrides: cfg.peer_overrides.clone(),
     })
     .await?;
     let core = Arc::new(Core::new(
@@ -89,8 +90,10 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         let _ = stop_rx.await;
     }));
 
-    if let Err(e) = node.bootstrap(&cfg.cluster).await {
-        tracing::warn!("bootstrap: {e}");
+    if !cfg.join {
+        if let Err(e) = node.bootstrap(&cfg.cluster).await {
+            tracing::warn!("bootstrap: {e}");
+        }
     }
     let tasks = vec![
         tokio::spawn(init_service_when_leader(core.clone(), cfg.clone())),

@@ -206,6 +206,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let last_index = {
             let mut d = self.shared.write();
             for entry in entries {
+                if let Some(prev) = d.last_applied {
+                    if entry.log_id.index <= prev.index {
+                        tracing::error!(
+                            "non-monotonic apply: entry {} after {}",
+                            entry.log_id,
+                            prev
+                        );
+                    }
+                }
                 d.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => responses.push(Outcomes::default()),
@@ -257,6 +266,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             },
         )
         .await?;
+        tracing::warn!(snapshot = %meta.snapshot_id, "installing a snapshot");
         let index = {
             let mut d = self.shared.write();
             d.state = state;

@@ -4,6 +4,9 @@
 //! on free 127.0.0.1 ports, kills them (also when the test panics, and via
 //! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
 
+pub mod proxy;
+pub mod workload;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -117,6 +120,16 @@ impl NodeProc {
         }
     }
 
+    /// Sends `signal` (e.g. `libc::SIGSTOP`, `libc::SIGCONT`) to the process.
+    pub fn signal(&self, signal: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(c.id() as i32, signal);
+            }
+        }
+    }
+
     /// Whether the process runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
@@ -145,10 +158,20 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes that form one cluster; `extra` flags go to every node.
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().expect("temp dir");
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
+        Self::start_at(&addrs, extra, |_| Vec::new())
+    }
+
+    /// Starts nodes at `addrs` (ids 1..); `extra` flags go to every node and
+    /// `per_node(i)` flags to node index `i`.
+    pub fn start_at(
+        addrs: &[String],
+        extra: &[&str],
+        per_node: impl Fn(usize) -> Vec<String>,
+    ) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
         let cluster = addrs
             .iter()
             .enumerate()
@@ -174,6 +197,7 @@ impl Cluster {
                 "800".into(),
             ];
             args.extend(extra.iter().map(|s| s.to_string()));
+            args.extend(per_node(i));
             let mut node = NodeProc {
                 id,
                 addr: addr.clone(),
@@ -189,6 +213,38 @@ impl Cluster {
         Cluster { nodes, dir }
     }
 
+    /// Replaces node `i` by a fresh node `id` at `addr` with an empty data
+    /// dir, started with `--join` (it waits to be added as a member).
+    pub fn replace_with_joiner(&mut self, i: usize, id: u64, addr: &str, extra: &[&str]) {
+        self.nodes[i].kill();
+        let data_dir = self.dir.path().join(format!("node{id}"));
+        let mut args = self.nodes[i].args.clone();
+        let set = |args: &mut Vec<String>, flag: &str, value: String| {
+            if let Some(p) = args.iter().position(|a| a == flag) {
+                args[p + 1] = value;
+            }
+        };
+        set(&mut args, "--node-id", id.to_string());
+        set(&mut args, "--listen", addr.to_string());
+        set(&mut args, "--data-dir", data_dir.display().to_string());
+        if let Some(p) = args.iter().position(|a| a == "--cluster") {
+            args[p + 1] = format!("{},{id}={addr}", args[p + 1]);
+        }
+        args.extend(["--join".to_string(), "true".to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut node = NodeProc {
+            id,
+            addr: addr.to_string(),
+            data_dir,
+            sub: "serve",
+            args,
+            log: self.dir.path().join(format!("node{id}.log")),
+            child: None,
+        };
+        node.spawn();
+        self.nodes[i] = node;
+    }
+
     /// SIGKILLs node `i` (index, not id).
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].kill();
@@ -200,11 +256,30 @@ impl Cluster {
         self.nodes[i].spawn();
     }
 
+    /// The addresses of every node.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
     /// Every node's log, for failure messages.
     pub fn logs(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| format!("--- node {} ---\n{}", n.id, tail(&n.log(), 40)))
+            .map(|n| {
+                let log = n.log();
+                let errors: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("ERROR") && !l.contains("timeout while confirming"))
+                    .take(20)
+                    .collect();
+                format!(
+                    "--- node {} errors ---\n{}\n--- node {} tail ---\n{}",
+                    n.id,
+                    errors.join("\n"),
+                    n.id,
+                    tail(&log, 40)
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -230,7 +305,9 @@ impl Cluster {
             let ids: std::collections::BTreeSet<u64> = leaders.values().copied().collect();
             if leaders.len() == among.len() && ids.len() == 1 {
                 let id = *ids.iter().next().expect("one leader");
-                return (id - 1) as usize;
+                if let Some(i) = self.nodes.iter().position(|n| n.id == id) {
+                    return i;
+                }
             }
             assert!(
                 Instant::now() < deadline,
