@@ -10,5 +10,7 @@ scripts/setup-jax.sh >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-# Builds the coordstore binary too, which the multi-process tests start.
+# The multi-process tests start the coordstore binary (target/debug/coordstore);
+# `cargo test` alone builds only its test harness.
+cargo build -p coordstore-service --bin coordstore
 cargo test --workspace
