@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use journal::pb::{update::Command as Cmd, KvIncrement, KvInsert, Origin};
+use journal::pb::{update::Command as Cmd, KvDelete, KvIncrement, KvInsert, Origin};
 use journal::Update;
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
@@ -157,6 +157,22 @@ pub async fn read_diag(nodes: &AnyNode, key: &str) -> Option<(Option<Vec<u8>>, S
     None
 }
 
+/// A blocking get (tensorflow dialect: no incarnation needed) at random
+/// nodes, re-issued after transport failures.
+pub async fn blocking_get(nodes: &AnyNode, key: &str) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + OP_RETRY;
+    while Instant::now() < deadline {
+        let ch = nodes.channels[nodes.pick()].clone();
+        let mut c = proto::tf::coordination_service_client::CoordinationServiceClient::new(ch);
+        let req = proto::tf::GetKeyValueRequest { key: key.into() };
+        if let Ok(r) = c.get_key_value(req).await {
+            return r.into_inner().kv.map(|kv| kv.value.to_vec());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 // ------------------------------------------------------ linearizability ----
 
 /// A key as a register: `None` while absent.
@@ -167,6 +183,8 @@ pub struct KeySpec;
 pub enum KeyOp {
     /// Put a value.
     Put(u32),
+    /// Delete the key.
+    Delete,
     /// A read that saw this value (None = absent).
     Get(Option<u32>),
 }
@@ -182,6 +200,7 @@ impl Specification for KeySpec {
     fn apply(op: &KeyOp, state: &Option<u32>) -> (bool, Option<u32>) {
         match op {
             KeyOp::Put(v) => (true, Some(*v)),
+            KeyOp::Delete => (true, None),
             KeyOp::Get(seen) => (seen == state, *state),
         }
     }
@@ -207,7 +226,8 @@ impl Recorder {
             .push(line);
     }
 
-    fn push(&self, key: &str, process: usize, action: Action<KeyOp>) {
+    /// Appends one call or response of `process` to `key`'s history.
+    pub fn push(&self, key: &str, process: usize, action: Action<KeyOp>) {
         self.inner
             .lock()
             .unwrap()
@@ -277,9 +297,16 @@ fn complete(actions: &[(usize, Action<KeyOp>)]) -> Vec<(usize, Action<KeyOp>)> {
     let mut pending_puts = Vec::new();
     for (i, (p, a)) in actions.iter().enumerate() {
         if open.get(p) == Some(&i) {
-            if let Action::Call(KeyOp::Put(v)) = a {
-                out.push((*p, Action::Call(KeyOp::Put(*v))));
-                pending_puts.push((*p, Action::Response(KeyOp::Put(*v))));
+            match a {
+                Action::Call(KeyOp::Put(v)) => {
+                    out.push((*p, Action::Call(KeyOp::Put(*v))));
+                    pending_puts.push((*p, Action::Response(KeyOp::Put(*v))));
+                }
+                Action::Call(KeyOp::Delete) => {
+                    out.push((*p, Action::Call(KeyOp::Delete)));
+                    pending_puts.push((*p, Action::Response(KeyOp::Delete)));
+                }
+                _ => {}
             }
             continue;
         }
@@ -302,6 +329,10 @@ pub struct Observed {
     pub barriers: Mutex<BTreeMap<(String, i64), BTreeMap<i32, String>>>,
     /// Service incarnations seen by status polls.
     pub incarnations: Mutex<BTreeSet<u64>>,
+    /// Blocking gets that completed.
+    pub blocking_gets: Mutex<u64>,
+    /// Blocking gets that returned something else than what was set.
+    pub blocking_mismatches: Mutex<Vec<String>>,
 }
 
 /// The running workload.
@@ -338,7 +369,8 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                 // Bounded history per key (WGL is exponential in the worst case).
                 while !stop.load(Ordering::Relaxed) && ops < 300 {
                     ops += 1;
-                    if rand::random::<bool>() {
+                    let dice = rand::rng().random_range(0..10u32);
+                    if dice < 5 {
                         next_value += 1;
                         let v = next_value;
                         rec.push(&key, p, Action::Call(KeyOp::Put(v)));
@@ -357,6 +389,16 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                             // process stops issuing operations).
                             _ => return,
                         }
+                    } else if dice == 5 {
+                        rec.push(&key, p, Action::Call(KeyOp::Delete));
+                        let cmd = Cmd::KvDelete(KvDelete { key: key.clone() });
+                        match propose_at(&nodes, origins.take(), cmd).await {
+                            Some((out, index)) if out.error.is_none() => {
+                                rec.push(&key, p, Action::Response(KeyOp::Delete));
+                                rec.note(&key, format!("{p} delete applied at {index}"));
+                            }
+                            _ => return,
+                        }
                     } else {
                         rec.push(&key, p, Action::Call(KeyOp::Get(None)));
                         match read_diag(&nodes, &key).await {
@@ -365,13 +407,8 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                                 rec.push(&key, p, Action::Response(KeyOp::Get(v)));
                                 rec.note(&key, format!("{p} get {v:?} by {diag}"));
                             }
-                            None => {
-                                // An unanswered read constrains nothing: a
-                                // read that returned the state is always
-                                // valid, so record it as seeing the final one
-                                // is wrong; stop this process instead.
-                                return;
-                            }
+                            // An unanswered read constrains nothing.
+                            None => return,
                         }
                     }
                     let pause = rand::rng().random_range(0..15u64);
@@ -397,6 +434,46 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                         return;
                     }
                 }
+            }
+        }));
+    }
+    // Blocking getters: a getter parks on a key before its setter sets it.
+    {
+        let (nodes, stop, obs) = (nodes.clone(), stop.clone(), observed.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut origins = Origins::default();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("blk/{i}");
+                let getter = {
+                    let (nodes, key) = (nodes.clone(), key.clone());
+                    tokio::spawn(async move { blocking_get(&nodes, &key).await })
+                };
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let cmd = Cmd::KvInsert(KvInsert {
+                    key: key.clone(),
+                    value: i.to_string().into_bytes().into(),
+                    allow_overwrite: false,
+                });
+                if propose(&nodes, origins.take(), cmd).await.is_none() {
+                    getter.abort();
+                    return;
+                }
+                match tokio::time::timeout(OP_RETRY, getter).await {
+                    Ok(Ok(Some(v))) if v == i.to_string().into_bytes() => {
+                        *obs.blocking_gets.lock().unwrap() += 1;
+                    }
+                    Ok(Ok(Some(v))) => obs.blocking_mismatches.lock().unwrap().push(format!(
+                        "blocking get of {key} returned {:?}",
+                        String::from_utf8_lossy(&v)
+                    )),
+                    _ => obs
+                        .blocking_mismatches
+                        .lock()
+                        .unwrap()
+                        .push(format!("blocking get of {key} never returned")),
+                }
+                i += 1;
             }
         }));
     }
@@ -528,16 +605,27 @@ impl Workload {
 /// Runs every check; returns the violations found (empty = all good).
 pub async fn check(nodes: &AnyNode, recorder: &Recorder, observed: &Observed) -> Vec<String> {
     let mut problems = Vec::new();
-    // Every acknowledged write's key exists; the final value of each key is
-    // checked by linearizability below.
+    // Acknowledged writes: a final read of every key joins its history, so
+    // the linearizability check below also proves no acknowledged write (or
+    // delete) was lost.
     let acked = observed.acked_puts.lock().unwrap().clone();
-    let mut keys: BTreeSet<String> = acked.iter().map(|(k, _)| k.clone()).collect();
-    keys.insert("counter".into());
-    for key in keys.iter().filter(|k| k.starts_with("lin/")) {
+    let keys: BTreeSet<String> = acked.iter().map(|(k, _)| k.clone()).collect();
+    for key in &keys {
+        recorder.push(key, 99, Action::Call(KeyOp::Get(None)));
         match read(nodes, key).await {
-            Some(Some(_)) => {}
-            other => problems.push(format!("acknowledged key {key} missing: {other:?}")),
+            Some(seen) => {
+                let v = seen.and_then(|b| String::from_utf8(b).ok()?.parse().ok());
+                recorder.push(key, 99, Action::Response(KeyOp::Get(v)));
+            }
+            None => problems.push(format!("final read of {key} failed")),
         }
+    }
+    // Blocking gets returned exactly the value that was set.
+    for m in observed.blocking_mismatches.lock().unwrap().iter() {
+        problems.push(m.clone());
+    }
+    if *observed.blocking_gets.lock().unwrap() == 0 {
+        problems.push("no blocking get completed".into());
     }
     let bad = recorder.non_linearizable_keys();
     if !bad.is_empty() {
