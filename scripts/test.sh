@@ -13,4 +13,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The multi-process tests start the coordstore binary (target/debug/coordstore);
 # `cargo test` alone builds only its test harness.
 cargo build -p coordstore-service --bin coordstore
+# Bounded fuzzing (libFuzzer, a few seconds per target).
+scripts/fuzz.sh
 cargo test --workspace
