@@ -180,11 +180,9 @@ impl Core {
             |mut client| {
                 let bytes = bytes.clone();
                 async move {
-                    let mut req = tonic::Request::new(ProposeRequest {
+                    let req = forwarded(ProposeRequest {
                         update: bytes.into(),
                     });
-                    req.metadata_mut()
-                        .insert(FORWARDED, "1".parse().expect("ascii"));
                     let reply = client.propose(req).await?.into_inner();
                     let outcome = journal::Outcome::decode(reply.outcome.as_ref())
                         .map_err(|e| Status::internal(format!("bad outcome from leader: {e}")))?;
