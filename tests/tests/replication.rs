@@ -113,7 +113,7 @@ async fn a_whole_cluster_crash_keeps_every_acknowledged_write() {
 async fn a_node_behind_a_purged_log_catches_up_by_snapshot() {
     let mut cluster = Cluster::start(
         3,
-        &["--snapshot-every", "300", "--keep-behind-snapshot", "50"],
+        &["--snapshot-every", "50", "--keep-behind-snapshot", "10"],
     );
     let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
     let lagging = (leader + 1) % 3;
@@ -126,13 +126,22 @@ async fn a_node_behind_a_purged_log_catches_up_by_snapshot() {
         w.await.unwrap();
     }
     assert_eq!(count.load(Ordering::SeqCst), 2000);
-    let leader_status = try_status(&cluster.nodes[leader].addr).await.unwrap();
-    assert!(
-        leader_status.purged_index > before.last_log_index,
-        "the leader must have purged past the stopped node's log: purged {} vs {}",
-        leader_status.purged_index,
-        before.last_log_index
-    );
+    // Snapshots and purges run in the background: wait (bounded) until the
+    // leader's log no longer holds what the stopped node lacks.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let leader_status = try_status(&cluster.nodes[leader].addr).await;
+        let purged = leader_status.as_ref().map_or(0, |s| s.purged_index);
+        if purged > before.last_log_index {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never purged past the stopped node's log: purged {purged} vs {}",
+            before.last_log_index
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     cluster.restart(lagging);
     cluster.wait_converged(&[0, 1, 2], WAIT).await;
     let after = try_status(&cluster.nodes[lagging].addr).await.unwrap();
