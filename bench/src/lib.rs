@@ -1,8 +1,73 @@
 //! coordstore-bench: the benchmark harness. Every suite starts its peers in
-//! the same run on the same machine, so results compare as ratios that hold
-//! on a noisy machine. Results go to `bench/results/` as JSON plus a
-//! markdown table.
+//! the same run on the same machine — coordstore with 3 nodes and with 1,
+//! etcd 3.4 with 3 members, jaxlib's built-in service — so results compare
+//! as ratios that hold on a noisy machine. Results go to `bench/results/` as
+//! JSON per run, a markdown table and one PNG chart per workload.
 
+pub mod barrier;
+pub mod etcd;
+pub mod failover;
+pub mod handoff;
 pub mod jax_latency;
+pub mod kv;
+pub mod memory;
+pub mod peers;
 pub mod propose;
+pub mod replay;
+pub mod report;
 pub mod stats;
+
+use std::path::PathBuf;
+
+/// The load generator's tokio worker threads (pinned: servers, clients and
+/// the generator share the machine's cores).
+pub const WORKER_THREADS: usize = 2;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// What `scripts/setup-bench.sh` provides.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    /// The etcd 3.4 binary.
+    pub etcd: PathBuf,
+    /// A TrueType font for chart labels.
+    pub font: PathBuf,
+}
+
+/// Runs `scripts/setup-bench.sh` once (idempotent: unpacks etcd and a font
+/// into `target/` when missing) and returns what it printed.
+pub fn tools() -> anyhow::Result<&'static Tools> {
+    static TOOLS: std::sync::OnceLock<Result<Tools, String>> = std::sync::OnceLock::new();
+    TOOLS
+        .get_or_init(|| {
+            let script = workspace().join("scripts/setup-bench.sh");
+            let out = std::process::Command::new("bash")
+                .arg(&script)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .map_err(|e| format!("{}: {e}", script.display()))?;
+            if !out.status.success() {
+                return Err(format!("{} failed", script.display()));
+            }
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let get = |k: &str| {
+                stdout
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .map(PathBuf::from)
+                    .ok_or_else(|| format!("{} printed no {k} line", script.display()))
+            };
+            Ok(Tools {
+                etcd: get("etcd=")?,
+                font: get("font=")?,
+            })
+        })
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}

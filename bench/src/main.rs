@@ -1,10 +1,16 @@
-//! `coordstore-bench <suite>`: runs a benchmark suite and writes its results
-//! to `bench/results/<suite>-<unix time>.json` plus a markdown table on stdout.
+//! `coordstore-bench <suite>`: runs a benchmark suite with every peer in the
+//! same run, and writes `bench/results/<suite>-<unix time>.json`, the
+//! markdown table (stdout and `bench/results/<suite>.md`) and one PNG chart
+//! per workload (`bench/results/<workload>.png`).
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use coordstore_bench::{jax_latency, propose};
+use coordstore_bench::peers::PeerKind;
+use coordstore_bench::report::{Machine, Report};
+use coordstore_bench::{
+    barrier, failover, handoff, jax_latency, kv, memory, propose, replay, WORKER_THREADS,
+};
 
 #[derive(Parser)]
 #[command(name = "coordstore-bench")]
@@ -12,12 +18,75 @@ struct Cli {
     /// Where results are written.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
+    /// Peers to compare (default: all that the workload applies to).
+    #[arg(long, value_enum, value_delimiter = ',', global = true)]
+    peers: Vec<PeerKind>,
     #[command(subcommand)]
     suite: Suite,
 }
 
 #[derive(Subcommand)]
 enum Suite {
+    /// Every workload below (not propose / jax-latency), one report.
+    All {
+        /// Seconds per KV configuration.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Leader kills per replicated peer.
+        #[arg(long, default_value_t = 10)]
+        kills: usize,
+        /// Journal entries for the replay workload.
+        #[arg(long, default_value_t = 1_000_000)]
+        entries: u64,
+    },
+    /// KV put with 1/16/64/256 clients, linearizable get with 1/64.
+    Kv {
+        /// Concurrent put clients.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+        clients: Vec<usize>,
+        /// Concurrent get clients.
+        #[arg(long, value_delimiter = ',', default_value = "1,64")]
+        get_clients: Vec<usize>,
+        /// Seconds per configuration.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Value size.
+        #[arg(long, default_value_t = 256)]
+        value_bytes: usize,
+    },
+    /// Blocking-get hand-off: a set in one client wakes a waiting get.
+    Handoff {
+        /// Measured hand-offs per peer.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
+    /// Registration of N tasks, then barrier rounds.
+    Barrier {
+        /// Task counts.
+        #[arg(long, value_delimiter = ',', default_value = "2,64,1024")]
+        tasks: Vec<usize>,
+    },
+    /// SIGKILL of the leader under writes → writes succeed again.
+    Failover {
+        /// Leader kills per peer.
+        #[arg(long, default_value_t = 10)]
+        kills: usize,
+    },
+    /// Restart of a node holding 1M journal entries, without/with snapshots.
+    Replay {
+        /// Journal entries.
+        #[arg(long, default_value_t = 1_000_000)]
+        entries: u64,
+    },
+    /// Server RSS holding 100k keys of 1 KiB.
+    Memory {
+        /// Keys.
+        #[arg(long, default_value_t = 100_000)]
+        keys: usize,
+        /// Value size.
+        #[arg(long, default_value_t = 1024)]
+        value_bytes: usize,
+    },
     /// Replicated write throughput and latency through the Node API.
     Propose {
         /// Cluster sizes.
@@ -42,14 +111,75 @@ enum Suite {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.out)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
-    match cli.suite {
+    let peers = if cli.peers.is_empty() {
+        PeerKind::ALL.to_vec()
+    } else {
+        cli.peers.clone()
+    };
+    let mut report = Report {
+        machine: Machine::read(),
+        started_unix: stamp,
+        ..Default::default()
+    };
+    let name = match cli.suite {
+        Suite::All {
+            seconds,
+            kills,
+            entries,
+        } => {
+            report.kv = kv::run(&peers, &[1, 16, 64, 256], &[1, 64], seconds, 256).await?;
+            report.handoff = handoff::run(&peers, 200).await?;
+            report.barrier = barrier::run(&peers, &[2, 64, 1024]).await?;
+            report.failover = failover::run(&peers, kills).await?;
+            if peers.contains(&PeerKind::Coordstore1) {
+                report.replay = replay::run(entries).await?;
+            }
+            report.memory = memory::run(&peers, 100_000, 1024).await?;
+            "all"
+        }
+        Suite::Kv {
+            clients,
+            get_clients,
+            seconds,
+            value_bytes,
+        } => {
+            report.kv = kv::run(&peers, &clients, &get_clients, seconds, value_bytes).await?;
+            "kv"
+        }
+        Suite::Handoff { iterations } => {
+            report.handoff = handoff::run(&peers, iterations).await?;
+            "handoff"
+        }
+        Suite::Barrier { tasks } => {
+            report.barrier = barrier::run(&peers, &tasks).await?;
+            "barrier"
+        }
+        Suite::Failover { kills } => {
+            report.failover = failover::run(&peers, kills).await?;
+            "failover"
+        }
+        Suite::Replay { entries } => {
+            report.replay = replay::run(entries).await?;
+            "replay"
+        }
+        Suite::Memory { keys, value_bytes } => {
+            report.memory = memory::run(&peers, keys, value_bytes).await?;
+            "memory"
+        }
         Suite::Propose {
             nodes,
             clients,
@@ -67,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
             std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
             println!("{}", propose::table(&results));
             eprintln!("results: {}", path.display());
+            return Ok(());
         }
         Suite::JaxLatency { iterations } => {
             let results = jax_latency::run(iterations).await?;
@@ -74,7 +205,18 @@ async fn main() -> anyhow::Result<()> {
             std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
             println!("{}", jax_latency::table(&results));
             eprintln!("results: {}", path.display());
+            return Ok(());
         }
+    };
+    report.evaluate();
+    let json = cli.out.join(format!("{name}-{stamp}.json"));
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    let md = report.markdown();
+    std::fs::write(cli.out.join(format!("{name}.md")), &md)?;
+    println!("{md}");
+    for chart in report.charts(&cli.out)? {
+        eprintln!("chart: {}", chart.display());
     }
+    eprintln!("results: {}", json.display());
     Ok(())
 }

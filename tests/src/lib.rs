@@ -130,6 +130,20 @@ impl NodeProc {
         }
     }
 
+    /// Sets `flag` to `value` for the next (re)start: replaces the flag's
+    /// value if it is given already, else appends it.
+    pub fn set_arg(&mut self, flag: &str, value: &str) {
+        match self.args.iter().position(|a| a == flag) {
+            Some(p) if p + 1 < self.args.len() => self.args[p + 1] = value.to_string(),
+            _ => self.args.extend([flag.to_string(), value.to_string()]),
+        }
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Whether the process runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
@@ -165,7 +179,9 @@ impl Cluster {
     }
 
     /// Starts nodes at `addrs` (ids 1..); `extra` flags go to every node and
-    /// `per_node(i)` flags to node index `i`.
+    /// `per_node(i)` flags to node index `i`. Raft timing is the tests'
+    /// (100 ms heartbeat, 800 ms election timeout) unless `extra` sets
+    /// `--raft-heartbeat-ms` / `--election-timeout-ms` itself.
     pub fn start_at(
         addrs: &[String],
         extra: &[&str],
@@ -191,11 +207,16 @@ impl Cluster {
                 data_dir.display().to_string(),
                 "--cluster".into(),
                 cluster.clone(),
-                "--raft-heartbeat-ms".into(),
-                "100".into(),
-                "--election-timeout-ms".into(),
-                "800".into(),
             ];
+            // Test timing unless the caller sets its own.
+            for (flag, value) in [
+                ("--raft-heartbeat-ms", "100"),
+                ("--election-timeout-ms", "800"),
+            ] {
+                if !extra.contains(&flag) {
+                    args.extend([flag.to_string(), value.to_string()]);
+                }
+            }
             args.extend(extra.iter().map(|s| s.to_string()));
             args.extend(per_node(i));
             let mut node = NodeProc {
@@ -656,6 +677,11 @@ pub mod jax {
                 label,
                 stderr,
             }
+        }
+
+        /// The process id.
+        pub fn pid(&self) -> u32 {
+            self.child.id()
         }
 
         /// Stdout lines so far.

@@ -1,0 +1,180 @@
+//! `kv`: KV put with 1, 16, 64 and 256 concurrent clients (closed loop, one
+//! operation in flight per client, 256-byte values, fresh keys), then
+//! linearizable get of those keys with 1 and 64 clients, against every peer.
+//! Clients share connections as in etcd's benchmark shapes: 1 client on 1
+//! connection, 16 and 64 on 8, 256 on 16. Clients talk to the leader.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::peers::{channel, Peer, PeerKind};
+use crate::stats::{summarize, Latency};
+
+/// One measured configuration.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KvRow {
+    /// Peer name.
+    pub peer: String,
+    /// "put" or "get".
+    pub op: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Connections they share.
+    pub connections: usize,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Acknowledged operations per second.
+    pub ops_per_s: f64,
+    /// Failed operations (not in the latency).
+    pub errors: usize,
+    /// Latency of acknowledged operations.
+    pub latency: Latency,
+}
+
+/// Connections for `clients` clients.
+pub fn connections(clients: usize) -> usize {
+    let c = match clients {
+        0..=1 => 1,
+        2..=64 => 8,
+        _ => 16,
+    };
+    c.min(clients.max(1))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Put,
+    Get,
+}
+
+/// Keys each get client writes before it reads them back in a loop.
+const GET_KEYS: usize = 20;
+
+/// Runs the suite on `peers`.
+pub async fn run(
+    peers: &[PeerKind],
+    put_clients: &[usize],
+    get_clients: &[usize],
+    seconds: f64,
+    value_bytes: usize,
+) -> anyhow::Result<Vec<KvRow>> {
+    let mut rows = Vec::new();
+    for &kind in peers {
+        eprintln!("kv: starting {}", kind.name());
+        let peer = Peer::start(kind, 1).await?;
+        let addr = peer.leader_addr().await?;
+        for &c in put_clients {
+            eprintln!("kv: {} put, {c} clients", kind.name());
+            rows.push(load(&peer, &addr, Op::Put, c, seconds, value_bytes).await?);
+        }
+        for &c in get_clients {
+            eprintln!("kv: {} linearizable get, {c} clients", kind.name());
+            rows.push(load(&peer, &addr, Op::Get, c, seconds, value_bytes).await?);
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs `clients` closed-loop clients for `seconds`: puts write fresh keys
+/// `kv/<run>/<client>/<i>`; gets read back `GET_KEYS` keys per client that
+/// the client writes first.
+async fn load(
+    peer: &Peer,
+    addr: &str,
+    op: Op,
+    clients: usize,
+    seconds: f64,
+    value_bytes: usize,
+) -> anyhow::Result<KvRow> {
+    let conns = connections(clients);
+    let mut channels = Vec::new();
+    for _ in 0..conns {
+        channels.push(channel(addr).await);
+    }
+    let value = vec![b'v'; value_bytes];
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(Mutex::new(0usize));
+    let start_line = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let run = Duration::from_secs_f64(seconds);
+    let tag = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    let mut tasks = Vec::new();
+    for t in 0..clients {
+        let mut c = peer.client(channels[t % conns].clone());
+        let (samples, errors, value, start_line) = (
+            samples.clone(),
+            errors.clone(),
+            value.clone(),
+            start_line.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let key = |i: usize| match op {
+                Op::Put => format!("kv/{tag}/{t}/{i}"),
+                Op::Get => format!("kvget/{tag}/{t}/{}", i % GET_KEYS),
+            };
+            // Warm-up, not measured: connections, and the keys gets read.
+            let warm = if op == Op::Get { GET_KEYS } else { 5 };
+            let mut failed = None;
+            for i in 0..warm {
+                let k = match op {
+                    Op::Get => key(i),
+                    Op::Put => format!("{}w", key(i)),
+                };
+                if let Err(e) = c.put(&k, &value).await {
+                    failed = Some(e);
+                }
+            }
+            start_line.wait().await;
+            if let Some(e) = failed {
+                return Err(anyhow::anyhow!("warm-up put failed: {e}"));
+            }
+            let end = Instant::now() + run;
+            let (mut mine, mut errs, mut i) = (Vec::new(), 0usize, 0usize);
+            while Instant::now() < end {
+                let t0 = Instant::now();
+                let r = match op {
+                    Op::Put => c.put(&key(i), &value).await,
+                    Op::Get => match c.get(&key(i)).await {
+                        Ok(Some(_)) => Ok(()),
+                        Ok(None) => return Err(anyhow::anyhow!("{} vanished", key(i))),
+                        Err(e) => Err(e),
+                    },
+                };
+                match r {
+                    Ok(()) => mine.push(t0.elapsed()),
+                    Err(_) => {
+                        errs += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                i += 1;
+            }
+            samples.lock().unwrap().extend(mine);
+            *errors.lock().unwrap() += errs;
+            Ok(())
+        }));
+    }
+    start_line.wait().await;
+    let t0 = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let mut samples = std::mem::take(&mut *samples.lock().unwrap());
+    let errors = *errors.lock().unwrap();
+    Ok(KvRow {
+        peer: peer.kind.name().into(),
+        op: match op {
+            Op::Put => "put",
+            Op::Get => "get",
+        }
+        .into(),
+        clients,
+        connections: conns,
+        seconds: elapsed,
+        ops_per_s: samples.len() as f64 / elapsed,
+        errors,
+        latency: summarize(&mut samples),
+    })
+}

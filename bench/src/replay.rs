@@ -1,0 +1,226 @@
+//! `replay`: how long a coordstore node holding 1M journal entries takes to
+//! serve again after a SIGKILL, without and with snapshots.
+//!
+//! The journal is built with the node's own storage code: a 1-node cluster
+//! starts and takes a write (so the data dir, vote and membership are real),
+//! is SIGKILLed, and `storage::LogStore::write_entries` appends 1M committed
+//! entries in the leader's term, each one KV put (keys cycle over 10,000,
+//! 100-byte values), as a node that had accepted them would have stored them.
+//! Writing them through Raft would take tens of minutes here (one fsync per
+//! entry) and is not what this suite measures.
+//!
+//! * without snapshots: the node starts with snapshots off and replays every
+//!   entry;
+//! * with snapshots: the node runs with the default policy (one every 50,000
+//!   entries, 1,000 kept behind), is waited for until its snapshot covers the
+//!   journal and the log behind it is purged, then SIGKILLed and restarted.
+//!
+//! "Serving" is the first linearizable read (xla TryGetKeyValue) that
+//! returns the value of the last entry, polled every 5 ms from the spawn.
+
+use std::time::{Duration, Instant};
+
+use coordstore_tests::{try_status, Cluster};
+use journal::pb::{update::Command as Cmd, KvInsert, UpdateBatch};
+use journal::Update;
+use openraft::storage::RaftLogStorage;
+use openraft::{CommittedLeaderId, EntryPayload};
+use storage::{Entry, Identity, LogId, Proposal};
+
+use crate::peers::{KvClient, Peer, PeerKind};
+
+/// One restart.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReplayRow {
+    /// Peer name.
+    pub peer: String,
+    /// "without snapshots" / "with snapshots".
+    pub case: String,
+    /// Journal entries the node holds.
+    pub entries: u64,
+    /// Log entries left after the snapshot (all of them without).
+    pub log_entries: u64,
+    /// Data dir size, bytes.
+    pub data_dir_bytes: u64,
+    /// Spawn → the first linearizable read of the last value, ms.
+    pub serving_ms: f64,
+}
+
+fn dir_size(p: &std::path::Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => total += dir_size(&e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+const KEYS: u64 = 10_000;
+
+fn value(i: u64) -> Vec<u8> {
+    let mut v = format!("{i:020}").into_bytes();
+    v.resize(100, b'.');
+    v
+}
+
+/// Appends `entries` committed entries after the node's last one.
+async fn append_journal(
+    dir: &std::path::Path,
+    term: u64,
+    after: u64,
+    entries: u64,
+) -> anyhow::Result<u64> {
+    let identity = Identity {
+        cluster_id: "coordstore".into(),
+        node_id: 1,
+    };
+    let (mut log, _sm) = storage::open(dir, storage::DEFAULT_CACHE_BYTES, &identity)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let leader = CommittedLeaderId::new(term, 1);
+    let last = after + entries;
+    let entry = |index: u64| {
+        let i = index - after - 1;
+        Entry {
+            log_id: LogId::new(leader, index),
+            payload: EntryPayload::Normal(Proposal(UpdateBatch {
+                updates: vec![Update {
+                    command: Some(Cmd::KvInsert(KvInsert {
+                        key: format!("replay/{}", i % KEYS),
+                        value: value(i).into(),
+                        allow_overwrite: true,
+                    })),
+                    ..Default::default()
+                }],
+            })),
+        }
+    };
+    let batch = 20_000;
+    let mut next = after + 1;
+    while next <= last {
+        let end = (next + batch).min(last + 1);
+        if end == last + 1 {
+            // Flushed together with the final batch.
+            log.save_committed(Some(LogId::new(leader, last)))
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        log.write_entries((next..end).map(entry))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        next = end;
+    }
+    Ok(last)
+}
+
+/// Polls the node until a linearizable read returns the last value.
+async fn time_to_serve(
+    cluster: &mut Cluster,
+    service_incarnation: u64,
+    key: &str,
+    want: &[u8],
+) -> anyhow::Result<f64> {
+    let spawned = Instant::now();
+    cluster.restart(0);
+    let addr = cluster.nodes[0].addr.clone();
+    let deadline = spawned + Duration::from_secs(600);
+    loop {
+        if let Ok(ch) = crate::peers::channel_with_timeout(&addr, Duration::from_secs(5)).await {
+            let mut c = KvClient::xla(ch, service_incarnation);
+            if let Ok(Some(v)) = c.get(key).await {
+                anyhow::ensure!(v == want, "replayed state has another value at {key}");
+                return Ok(spawned.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "node did not serve within 600 s\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Runs both cases with `entries` journal entries.
+pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
+    let kind = PeerKind::Coordstore1;
+    eprintln!("replay: building a journal of {entries} entries");
+    let mut peer = Peer::start_with(kind, 1, &["--snapshot-every", "1000000000000"]).await?;
+    let (term, after) = {
+        let addr = peer.addr(0);
+        let s = try_status(&addr)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no status"))?;
+        (s.term, s.last_log_index)
+    };
+    let cluster = peer.coordstore().expect("coordstore peer");
+    cluster.kill(0);
+    let dir = cluster.nodes[0].data_dir.clone();
+    let t = Instant::now();
+    let last = append_journal(&dir, term, after, entries).await?;
+    eprintln!(
+        "replay: journal written in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let last_i = last - after - 1;
+    let key = format!("replay/{}", last_i % KEYS);
+    let want = value(last_i);
+
+    let mut rows = Vec::new();
+    // Without snapshots: every entry is replayed.
+    let size = dir_size(&dir);
+    let si = peer.service_incarnation();
+    let cluster = peer.coordstore().expect("coordstore peer");
+    let serving_ms = time_to_serve(cluster, si, &key, &want).await?;
+    eprintln!("replay: without snapshots: serving after {serving_ms:.0} ms");
+    rows.push(ReplayRow {
+        peer: kind.name().into(),
+        case: "without snapshots".into(),
+        entries,
+        log_entries: last,
+        data_dir_bytes: size,
+        serving_ms,
+    });
+
+    // With snapshots: the default policy, then wait for the snapshot + purge.
+    {
+        let cluster = peer.coordstore().expect("coordstore peer");
+        cluster.nodes[0].set_arg("--snapshot-every", "50000");
+        cluster.restart(0);
+        let addr = cluster.nodes[0].addr.clone();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if let Some(s) = try_status(&addr).await {
+                if s.snapshot_index + 50_000 >= last && s.purged_index + 50_000 >= last {
+                    break;
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no snapshot within 600 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let (log_entries, size) = {
+        let addr = peer.addr(0);
+        let s = try_status(&addr)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no status"))?;
+        (s.last_log_index - s.purged_index, dir_size(&dir))
+    };
+    let cluster = peer.coordstore().expect("coordstore peer");
+    cluster.kill(0);
+    let serving_ms = time_to_serve(cluster, si, &key, &want).await?;
+    eprintln!("replay: with snapshots: serving after {serving_ms:.0} ms");
+    rows.push(ReplayRow {
+        peer: kind.name().into(),
+        case: "with snapshots".into(),
+        entries,
+        log_entries,
+        data_dir_bytes: size,
+        serving_ms,
+    });
+    Ok(rows)
+}

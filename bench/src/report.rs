@@ -1,0 +1,612 @@
+//! The run's report: machine, per-workload rows, targets; written as JSON
+//! (`bench/results/<suite>-<unix time>.json`), as markdown, and as one PNG
+//! chart per workload (plotters), every peer side by side.
+
+use std::path::Path;
+
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+
+use crate::barrier::BarrierRow;
+use crate::failover::FailoverRow;
+use crate::handoff::HandoffRow;
+use crate::kv::KvRow;
+use crate::memory::MemoryRow;
+use crate::peers::PeerKind;
+use crate::replay::ReplayRow;
+
+/// What the numbers were measured on.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Machine {
+    /// CPU model.
+    pub cpu: String,
+    /// Logical CPUs.
+    pub cpus: usize,
+    /// Memory, GiB.
+    pub memory_gib: f64,
+    /// Kernel release.
+    pub kernel: String,
+    /// Load generator's tokio worker threads.
+    pub bench_worker_threads: usize,
+    /// coordstore commit.
+    pub commit: String,
+}
+
+impl Machine {
+    /// Reads /proc and git.
+    pub fn read() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+            .unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let kb: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let commit = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .current_dir(crate::workspace())
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        Machine {
+            cpu,
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            memory_gib: (kb / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+            kernel,
+            bench_worker_threads: crate::WORKER_THREADS,
+            commit,
+        }
+    }
+
+    /// One markdown line.
+    pub fn line(&self) -> String {
+        format!(
+            "Machine: {} × {}, {} GiB, Linux {}; servers, clients and the load generator ({} tokio workers) share it; coordstore {}.",
+            self.cpus, self.cpu, self.memory_gib, self.kernel, self.bench_worker_threads, self.commit
+        )
+    }
+}
+
+/// A target of the issue and where coordstore stands.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Target {
+    /// What.
+    pub target: String,
+    /// The measured figure.
+    pub measured: String,
+    /// Met?
+    pub met: bool,
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Report {
+    /// The machine.
+    pub machine: Machine,
+    /// Unix time the run started.
+    pub started_unix: u64,
+    /// KV put/get rows.
+    pub kv: Vec<KvRow>,
+    /// Blocking-get hand-off rows.
+    pub handoff: Vec<HandoffRow>,
+    /// Barrier rows.
+    pub barrier: Vec<BarrierRow>,
+    /// Failover rows.
+    pub failover: Vec<FailoverRow>,
+    /// Restart replay rows.
+    pub replay: Vec<ReplayRow>,
+    /// Memory rows.
+    pub memory: Vec<MemoryRow>,
+    /// Targets.
+    pub targets: Vec<Target>,
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+impl Report {
+    /// Evaluates the targets on what was measured.
+    pub fn evaluate(&mut self) {
+        let cs3 = PeerKind::Coordstore3.name();
+        let etcd = PeerKind::Etcd3.name();
+        let kv = |peer: &str, op: &str, clients: usize| {
+            self.kv
+                .iter()
+                .find(|r| r.peer == peer && r.op == op && r.clients == clients)
+        };
+        let mut t = Vec::new();
+        if let (Some(a), Some(b)) = (kv(cs3, "put", 64), kv(etcd, "put", 64)) {
+            let ratio = a.ops_per_s / b.ops_per_s;
+            t.push(Target {
+                target: "KV put at 64 clients ≥ 1.5× etcd's ops/s".into(),
+                measured: format!(
+                    "{:.0} vs {:.0} ops/s = {ratio:.2}×",
+                    a.ops_per_s, b.ops_per_s
+                ),
+                met: ratio >= 1.5,
+            });
+        }
+        if let (Some(a), Some(b)) = (kv(cs3, "put", 1), kv(etcd, "put", 1)) {
+            t.push(Target {
+                target: "KV put p50 at 1 client ≤ etcd's".into(),
+                measured: format!("{:.2} vs {:.2} ms", a.latency.p50_ms, b.latency.p50_ms),
+                met: a.latency.p50_ms <= b.latency.p50_ms,
+            });
+        }
+        for r in self
+            .barrier
+            .iter()
+            .filter(|r| r.tasks == 1024 && r.peer.starts_with("coordstore"))
+        {
+            t.push(Target {
+                target: format!("barrier of 1024 tasks p50 ≤ 50 ms ({})", r.peer),
+                measured: format!("{:.1} ms", r.round.p50_ms),
+                met: r.round.p50_ms <= 50.0,
+            });
+        }
+        for r in self.failover.iter().filter(|r| r.peer == cs3) {
+            t.push(Target {
+                target: "failover p50 ≤ 1.5 s".into(),
+                measured: format!("{:.0} ms over {} kills", r.failover.p50_ms, r.kills),
+                met: r.failover.p50_ms <= 1500.0,
+            });
+        }
+        for r in &self.replay {
+            t.push(Target {
+                target: format!("1M-entry node serving within 3 s ({})", r.case),
+                measured: format!("{:.0} ms", r.serving_ms),
+                met: r.serving_ms <= 3000.0,
+            });
+        }
+        for r in self
+            .memory
+            .iter()
+            .filter(|r| r.peer.starts_with("coordstore"))
+        {
+            t.push(Target {
+                target: format!("RSS ≤ 2× raw data ({})", r.peer),
+                measured: format!(
+                    "{:.0} MiB for {:.0} MiB = {:.2}×",
+                    mib(r.rss_leader),
+                    mib(r.raw_bytes),
+                    r.ratio
+                ),
+                met: r.ratio <= 2.0,
+            });
+        }
+        self.targets = t;
+    }
+
+    /// The markdown tables of every workload measured.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        s.push_str(&self.machine.line());
+        s.push_str("\n\n");
+        if !self.targets.is_empty() {
+            s.push_str("| target | measured | met |\n|---|---|---|\n");
+            for t in &self.targets {
+                s.push_str(&format!(
+                    "| {} | {} | {} |\n",
+                    t.target,
+                    t.measured,
+                    if t.met { "yes" } else { "**no**" }
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.kv.is_empty() {
+            s.push_str("**KV** (256-byte values, clients on the leader; get = linearizable)\n\n| peer | op | clients / conns | ops/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|\n");
+            for r in &self.kv {
+                s.push_str(&format!(
+                    "| {} | {} | {} / {} | {:.0} | {:.2} | {:.2} | {} |\n",
+                    r.peer,
+                    r.op,
+                    r.clients,
+                    r.connections,
+                    r.ops_per_s,
+                    r.latency.p50_ms,
+                    r.latency.p99_ms,
+                    r.errors
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.handoff.is_empty() {
+            s.push_str("**Blocking-get hand-off** (set start → waiter woken)\n\n| peer | p50 ms | p90 ms | p99 ms | n |\n|---|---|---|---|---|\n");
+            for r in &self.handoff {
+                s.push_str(&format!(
+                    "| {} | {:.2} | {:.2} | {:.2} | {} |\n",
+                    r.peer, r.latency.p50_ms, r.latency.p90_ms, r.latency.p99_ms, r.latency.n
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.barrier.is_empty() {
+            s.push_str("**Barrier** (all N tasks call at once; round = until the last returns)\n\n| peer | N | conns | register all ms | round p50 ms | p99 ms | rounds |\n|---|---|---|---|---|---|---|\n");
+            for r in &self.barrier {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {} |\n",
+                    r.peer,
+                    r.tasks,
+                    r.connections,
+                    r.register_ms,
+                    r.round.p50_ms,
+                    r.round.p99_ms,
+                    r.round.n
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.failover.is_empty() {
+            s.push_str("**Failover** (SIGKILL of the leader under writes → first acknowledged put sent after the kill)\n\n| peer | kills | p50 ms | p90 ms | max ms |\n|---|---|---|---|---|\n");
+            for r in &self.failover {
+                let max = r.samples_ms.iter().copied().fold(0.0, f64::max);
+                s.push_str(&format!(
+                    "| {} | {} | {:.0} | {:.0} | {:.0} |\n",
+                    r.peer, r.kills, r.failover.p50_ms, r.failover.p90_ms, max
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.replay.is_empty() {
+            s.push_str("**Restart replay** (SIGKILL, restart → first linearizable read of the last entry's value)\n\n| peer | case | journal entries | log entries on disk | data dir MiB | serving after ms |\n|---|---|---|---|---|---|\n");
+            for r in &self.replay {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} | {:.0} | {:.0} |\n",
+                    r.peer,
+                    r.case,
+                    r.entries,
+                    r.log_entries,
+                    mib(r.data_dir_bytes),
+                    r.serving_ms
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.memory.is_empty() {
+            s.push_str("**Memory** (100k keys × 1 KiB through the leader; VmRSS 3 s after the load)\n\n| peer | raw data MiB | RSS before MiB | leader RSS MiB | max RSS MiB | RSS / raw | growth / raw |\n|---|---|---|---|---|---|---|\n");
+            for r in &self.memory {
+                s.push_str(&format!(
+                    "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
+                    r.peer,
+                    mib(r.raw_bytes),
+                    mib(r.rss_before),
+                    mib(r.rss_leader),
+                    mib(r.rss_max),
+                    r.ratio,
+                    r.growth_ratio
+                ));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Writes one PNG per measured workload into `dir`; returns the files.
+    pub fn charts(&self, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+        register_font()?;
+        let mut out = Vec::new();
+        let peers_of = |names: Vec<&str>| {
+            let mut v: Vec<String> = Vec::new();
+            for n in names {
+                if !v.iter().any(|x| x == n) {
+                    v.push(n.to_string());
+                }
+            }
+            v
+        };
+        if !self.kv.is_empty() {
+            let peers = peers_of(self.kv.iter().map(|r| r.peer.as_str()).collect());
+            for (op, file, title, ylabel, metric) in [
+                (
+                    "put",
+                    "kv_put.png",
+                    "KV put throughput (256 B values)",
+                    "ops/s",
+                    0,
+                ),
+                ("put", "kv_put_p50.png", "KV put latency p50", "ms", 1),
+                (
+                    "get",
+                    "kv_get.png",
+                    "Linearizable get throughput",
+                    "ops/s",
+                    0,
+                ),
+            ] {
+                let mut groups: Vec<usize> = self
+                    .kv
+                    .iter()
+                    .filter(|r| r.op == op)
+                    .map(|r| r.clients)
+                    .collect();
+                groups.sort_unstable();
+                groups.dedup();
+                let series = peers
+                    .iter()
+                    .map(|p| {
+                        let vals = groups
+                            .iter()
+                            .map(|&c| {
+                                self.kv
+                                    .iter()
+                                    .find(|r| &r.peer == p && r.op == op && r.clients == c)
+                                    .map(|r| {
+                                        if metric == 0 {
+                                            r.ops_per_s
+                                        } else {
+                                            r.latency.p50_ms
+                                        }
+                                    })
+                            })
+                            .collect();
+                        (p.clone(), vals)
+                    })
+                    .collect::<Vec<_>>();
+                let labels: Vec<String> = groups
+                    .iter()
+                    .map(|&c| format!("{c} client{}", if c == 1 { "" } else { "s" }))
+                    .collect();
+                let path = dir.join(file);
+                bars(&path, title, ylabel, &labels, &series, false)?;
+                out.push(path);
+            }
+        }
+        if !self.handoff.is_empty() {
+            let labels = vec!["p50".to_string(), "p90".into(), "p99".into()];
+            let series = self
+                .handoff
+                .iter()
+                .map(|r| {
+                    (
+                        r.peer.clone(),
+                        vec![
+                            Some(r.latency.p50_ms),
+                            Some(r.latency.p90_ms),
+                            Some(r.latency.p99_ms),
+                        ],
+                    )
+                })
+                .collect::<Vec<_>>();
+            let path = dir.join("handoff.png");
+            bars(
+                &path,
+                "Blocking-get hand-off",
+                "ms",
+                &labels,
+                &series,
+                false,
+            )?;
+            out.push(path);
+        }
+        if !self.barrier.is_empty() {
+            let peers = peers_of(self.barrier.iter().map(|r| r.peer.as_str()).collect());
+            let mut sizes: Vec<usize> = self.barrier.iter().map(|r| r.tasks).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let series = peers
+                .iter()
+                .map(|p| {
+                    (
+                        p.clone(),
+                        sizes
+                            .iter()
+                            .map(|&n| {
+                                self.barrier
+                                    .iter()
+                                    .find(|r| &r.peer == p && r.tasks == n)
+                                    .map(|r| r.round.p50_ms)
+                            })
+                            .collect(),
+                    )
+                })
+                .collect::<Vec<_>>();
+            let labels: Vec<String> = sizes.iter().map(|n| format!("N = {n}")).collect();
+            let path = dir.join("barrier.png");
+            bars(
+                &path,
+                "Barrier round p50 (log scale)",
+                "ms",
+                &labels,
+                &series,
+                true,
+            )?;
+            out.push(path);
+        }
+        if !self.failover.is_empty() {
+            let labels = vec!["p50".to_string(), "p90".into(), "max".into()];
+            let series = self
+                .failover
+                .iter()
+                .map(|r| {
+                    let max = r.samples_ms.iter().copied().fold(0.0, f64::max);
+                    (
+                        r.peer.clone(),
+                        vec![Some(r.failover.p50_ms), Some(r.failover.p90_ms), Some(max)],
+                    )
+                })
+                .collect::<Vec<_>>();
+            let path = dir.join("failover.png");
+            bars(
+                &path,
+                "Leader SIGKILL → writes succeed again",
+                "ms",
+                &labels,
+                &series,
+                false,
+            )?;
+            out.push(path);
+        }
+        if !self.replay.is_empty() {
+            let labels: Vec<String> = self.replay.iter().map(|r| r.case.clone()).collect();
+            let series = vec![(
+                self.replay[0].peer.clone(),
+                self.replay.iter().map(|r| Some(r.serving_ms)).collect(),
+            )];
+            let path = dir.join("replay.png");
+            bars(
+                &path,
+                "1M-entry node: restart → serving",
+                "ms",
+                &labels,
+                &series,
+                false,
+            )?;
+            out.push(path);
+        }
+        if !self.memory.is_empty() {
+            let labels: Vec<String> = self.memory.iter().map(|r| r.peer.clone()).collect();
+            let series = vec![
+                (
+                    "raw data".to_string(),
+                    self.memory.iter().map(|r| Some(mib(r.raw_bytes))).collect(),
+                ),
+                (
+                    "leader RSS".to_string(),
+                    self.memory
+                        .iter()
+                        .map(|r| Some(mib(r.rss_leader)))
+                        .collect(),
+                ),
+                (
+                    "RSS growth".to_string(),
+                    self.memory
+                        .iter()
+                        .map(|r| Some(mib(r.rss_leader.saturating_sub(r.rss_before))))
+                        .collect(),
+                ),
+            ];
+            let path = dir.join("memory.png");
+            bars(
+                &path,
+                "RSS holding 100k × 1 KiB keys",
+                "MiB",
+                &labels,
+                &series,
+                false,
+            )?;
+            out.push(path);
+        }
+        Ok(out)
+    }
+}
+
+fn register_font() -> anyhow::Result<()> {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let path = crate::tools().map_err(|e| e.to_string())?.font.clone();
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| format!("{}: not a usable font", path.display()))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+const COLORS: [RGBColor; 5] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(214, 39, 40),
+];
+
+/// A grouped bar chart: one group per label, one bar per series in it.
+fn bars(
+    path: &Path,
+    title: &str,
+    ylabel: &str,
+    labels: &[String],
+    series: &[(String, Vec<Option<f64>>)],
+    log_y: bool,
+) -> anyhow::Result<()> {
+    let values = || series.iter().flat_map(|(_, v)| v.iter().flatten()).copied();
+    let max = values().fold(0.0f64, f64::max).max(1e-3);
+    let min_pos = values().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+    let root = BitMapBackend::new(path, (960, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = labels.len().max(1);
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 26))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    if log_y {
+        let lo = (min_pos / 2.0).max(1e-3);
+        let chart = builder.build_cartesian_2d(0f64..n as f64, (lo..max * 2.0).log_scale())?;
+        draw_bars(chart, lo, ylabel, labels, series)?;
+    } else {
+        let chart = builder.build_cartesian_2d(0f64..n as f64, 0f64..max * 1.15)?;
+        draw_bars(chart, 0.0, ylabel, labels, series)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// Draws the bars (from `base` up) and the legend on `chart`.
+fn draw_bars<'a, Y>(
+    mut chart: ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    base: f64,
+    ylabel: &str,
+    labels: &[String],
+    series: &[(String, Vec<Option<f64>>)],
+) -> anyhow::Result<()>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let n = labels.len().max(1);
+    // Group g spans [g, g + 1); its label sits at g + 0.5 (a 0.5-step mesh).
+    let label_of = |x: &f64| -> String {
+        let i = x.floor() as usize;
+        if (x - x.floor() - 0.5).abs() < 1e-6 && i < labels.len() {
+            labels[i].clone()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(2 * n + 1)
+        .x_label_formatter(&label_of)
+        .y_desc(ylabel)
+        .draw()?;
+    let per = series.len().max(1) as f64;
+    for (si, (name, vals)) in series.iter().enumerate() {
+        let color = COLORS[si % COLORS.len()];
+        chart
+            .draw_series(vals.iter().enumerate().filter_map(|(g, v)| {
+                v.map(|v| {
+                    let x0 = g as f64 + 0.1 + 0.8 * si as f64 / per;
+                    Rectangle::new(
+                        [(x0, base), (x0 + 0.8 / per * 0.9, v.max(base))],
+                        color.filled(),
+                    )
+                })
+            }))?
+            .label(name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    Ok(())
+}
