@@ -3,14 +3,15 @@
 use std::sync::Arc;
 
 /// Tunables of one node's replication. Defaults suit a loaded 2-core machine
-/// (heartbeat 100 ms, election 1–2 s, like etcd) and snapshot rarely.
+/// (heartbeat 100 ms; a follower that hears no leader for 1–1.5 s campaigns,
+/// see [`RaftSettings::with_election_timeout`]) and snapshot rarely.
 #[derive(Clone, Debug)]
 pub struct RaftSettings {
     /// Leader heartbeat interval.
     pub heartbeat_interval_ms: u64,
-    /// Lower bound of the election timeout.
+    /// openraft's lower bound of the randomised election timeout.
     pub election_timeout_min_ms: u64,
-    /// Upper bound of the election timeout.
+    /// openraft's upper bound of the election timeout; also its leader lease.
     pub election_timeout_max_ms: u64,
     /// Build a snapshot after this many entries since the last one.
     pub snapshot_every_entries: u64,
@@ -32,8 +33,8 @@ impl Default for RaftSettings {
     fn default() -> Self {
         RaftSettings {
             heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 1000,
-            election_timeout_max_ms: 2000,
+            election_timeout_min_ms: 250,
+            election_timeout_max_ms: 750,
             snapshot_every_entries: 50_000,
             keep_entries_behind_snapshot: 1000,
             max_batch_updates: 4096,
@@ -46,6 +47,18 @@ impl Default for RaftSettings {
 }
 
 impl RaftSettings {
+    /// Sets the election timeout `e`: a follower that hears nothing from a
+    /// leader for between `e` and 1.5·`e` campaigns. openraft 0.9 waits its
+    /// leader lease (= `election_timeout_max`) *plus* a random election
+    /// timeout in [min, max) after the last message of a known leader, so
+    /// `e` maps to min = e/4 and max = 3e/4 (the default 1000 ms gives 250 /
+    /// 750). A split vote is retried after [e/4, 3e/4).
+    pub fn with_election_timeout(mut self, e: u64) -> Self {
+        self.election_timeout_min_ms = e / 4;
+        self.election_timeout_max_ms = 3 * e / 4;
+        self
+    }
+
     /// The validated openraft configuration.
     pub fn openraft_config(&self, cluster_name: &str) -> Result<Arc<openraft::Config>, String> {
         let config = openraft::Config {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use openraft::error::{
@@ -209,15 +209,49 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
 /// The server side of the peer RPCs.
 pub struct PeerService {
     raft: Raft,
+    /// When an AppendEntries (entries or heartbeat) last arrived.
+    last_append: Mutex<Option<Instant>>,
+    /// How long without one before this node counts the leader as silent.
+    silent_after: Duration,
 }
 
 impl PeerService {
-    /// The tonic service for `raft`, with the message limits of the node.
-    pub fn server(raft: Raft, max_message_bytes: usize) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { raft })
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes)
+    /// The tonic service for `raft`, with the message limits of the node;
+    /// the leader counts as silent after three missed heartbeats.
+    pub fn server(
+        raft: Raft,
+        max_message_bytes: usize,
+        heartbeat: Duration,
+    ) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService {
+            raft,
+            last_append: Mutex::new(None),
+            silent_after: 3 * heartbeat,
+        })
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
     }
+
+    fn leader_silent(&self) -> bool {
+        let last = *self.last_append.lock().unwrap_or_else(|p| p.into_inner());
+        last.is_none_or(|t| t.elapsed() >= self.silent_after)
+    }
+}
+
+/// Whether this node should campaign at once after answering `req` with
+/// `resp`: it refused a candidate whose log is behind its own (so that
+/// candidate cannot win) while it has not heard from a leader itself for
+/// a while. openraft 0.9 restarts the refusing node's election timer
+/// (leader lease + timeout, 1–1.5 s by default) on such a request, so
+/// without this a leader crash that leaves the less up-to-date follower to
+/// time out first costs a second full timeout. Campaigning never affects
+/// safety; a node that hears a leader, a leader and a learner never do.
+fn campaign_after_refusal(
+    req: &VoteRequest<NodeId>,
+    resp: &VoteResponse<NodeId>,
+    leader_silent: bool,
+) -> bool {
+    leader_silent && !resp.vote_granted && resp.last_log_id > req.last_log_id
 }
 
 fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
@@ -240,12 +274,27 @@ impl RaftPeer for PeerService {
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
-        encode(&self.raft.append_entries(rpc).await)
+        let reply = self.raft.append_entries(rpc).await;
+        *self.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        encode(&reply)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: VoteRequest<NodeId> = decode(req)?;
-        encode(&self.raft.vote(rpc).await)
+        let asked = rpc.clone();
+        let reply = self.raft.vote(rpc).await;
+        if let Ok(resp) = &reply {
+            if campaign_after_refusal(&asked, resp, self.leader_silent()) {
+                tracing::info!(
+                    candidate = %asked.vote,
+                    "refused a candidate with an older log and no leader heard for {:?}: campaigning",
+                    self.silent_after
+                );
+                // Leaders and learners ignore the trigger (openraft checks).
+                let _ = self.raft.trigger().elect().await;
+            }
+        }
+        encode(&reply)
     }
 
     async fn install_snapshot(
@@ -254,5 +303,38 @@ impl RaftPeer for PeerService {
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
         encode(&self.raft.install_snapshot(rpc).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, LogId, Vote};
+
+    use super::*;
+
+    fn log(index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(CommittedLeaderId::new(2, 1), index))
+    }
+
+    fn req(last: u64) -> VoteRequest<NodeId> {
+        VoteRequest::new(Vote::new(3, 2), log(last))
+    }
+
+    fn resp(granted: bool, last: u64) -> VoteResponse<NodeId> {
+        VoteResponse::new(Vote::new(3, 2), log(last), granted)
+    }
+
+    #[test]
+    fn campaigns_only_after_refusing_an_older_log_with_the_leader_silent() {
+        // Refused a candidate one entry behind, leader silent: campaign.
+        assert!(campaign_after_refusal(&req(9), &resp(false, 10), true));
+        // The leader is still heard: leave it alone.
+        assert!(!campaign_after_refusal(&req(9), &resp(false, 10), false));
+        // Granted: the candidate can win.
+        assert!(!campaign_after_refusal(&req(10), &resp(true, 10), true));
+        // Refused for another reason (lease, vote) with an equal or newer
+        // candidate log: that candidate or a later one can win.
+        assert!(!campaign_after_refusal(&req(10), &resp(false, 10), true));
+        assert!(!campaign_after_refusal(&req(11), &resp(false, 10), true));
     }
 }

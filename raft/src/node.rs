@@ -83,6 +83,7 @@ pub struct RaftNode {
     reads: mpsc::Sender<ReadReply>,
     channels: Channels,
     max_message_bytes: usize,
+    heartbeat: std::time::Duration,
 }
 
 impl RaftNode {
@@ -120,6 +121,7 @@ impl RaftNode {
             reads,
             channels,
             max_message_bytes: cfg.settings.max_message_bytes,
+            heartbeat: std::time::Duration::from_millis(cfg.settings.heartbeat_interval_ms),
         }))
     }
 
@@ -135,7 +137,7 @@ impl RaftNode {
 
     /// The tonic service for peer RPCs, to add to the node's server.
     pub fn peer_service(&self) -> RaftPeerServer<PeerService> {
-        PeerService::server(self.raft.clone(), self.max_message_bytes)
+        PeerService::server(self.raft.clone(), self.max_message_bytes, self.heartbeat)
     }
 
     /// The peer channel cache (also used to forward calls to the leader).

@@ -91,7 +91,7 @@ pub struct ServeOptions {
     /// Raft heartbeat interval [default: 100]
     #[arg(long)]
     pub raft_heartbeat_ms: Option<u64>,
-    /// Raft election timeout lower bound [default: 1000]
+    /// A follower that hears no leader for this long to 1.5× campaigns [default: 1000]
     #[arg(long)]
     pub election_timeout_ms: Option<u64>,
     /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
@@ -261,8 +261,7 @@ impl ServeOptions {
             raft.heartbeat_interval_ms = v;
         }
         if let Some(v) = self.election_timeout_ms {
-            raft.election_timeout_min_ms = v;
-            raft.election_timeout_max_ms = 2 * v;
+            raft = raft.with_election_timeout(v);
         }
         let mut peer_overrides = std::collections::HashMap::new();
         if let Some(spec) = &self.peer_address {
