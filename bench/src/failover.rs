@@ -82,8 +82,9 @@ pub async fn run(peers: &[PeerKind], kills: usize) -> anyhow::Result<Vec<Failove
                 }
                 anyhow::ensure!(
                     Instant::now() < deadline,
-                    "{}: no write succeeded within 60 s of killing the leader",
-                    kind.name()
+                    "{}: no write succeeded within 60 s of killing the leader (server {leader})\n{}",
+                    kind.name(),
+                    peer.logs()
                 );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };

@@ -178,3 +178,17 @@ async fn load(
         latency: summarize(&mut samples),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::connections;
+
+    #[test]
+    fn clients_share_connections_in_etcds_shapes() {
+        let shapes: Vec<(usize, usize)> = [1, 2, 16, 64, 256]
+            .iter()
+            .map(|&c| (c, connections(c)))
+            .collect();
+        assert_eq!(shapes, vec![(1, 1), (2, 2), (16, 8), (64, 8), (256, 16)]);
+    }
+}

@@ -284,6 +284,15 @@ impl Peer {
         }
     }
 
+    /// The servers' logs (errors and tails), for failure messages.
+    pub fn logs(&self) -> String {
+        match &self.inner {
+            Inner::Coordstore(c) => c.logs(),
+            Inner::Etcd(c) => c.logs(),
+            Inner::Builtin { proc, .. } => proc.report(),
+        }
+    }
+
     /// The coordstore cluster, if this is a coordstore peer.
     pub fn coordstore(&mut self) -> Option<&mut Cluster> {
         match &mut self.inner {

@@ -613,3 +613,93 @@ where
         .draw()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Latency;
+
+    fn lat(p50: f64) -> Latency {
+        Latency {
+            n: 10,
+            p50_ms: p50,
+            p90_ms: p50 * 1.5,
+            p99_ms: p50 * 2.0,
+        }
+    }
+
+    fn put(peer: PeerKind, clients: usize, ops: f64, p50: f64) -> KvRow {
+        KvRow {
+            peer: peer.name().into(),
+            op: "put".into(),
+            clients,
+            connections: crate::kv::connections(clients),
+            seconds: 5.0,
+            ops_per_s: ops,
+            errors: 0,
+            latency: lat(p50),
+        }
+    }
+
+    #[test]
+    fn targets_compare_coordstore_with_etcd_in_the_same_run() {
+        let mut r = Report {
+            kv: vec![
+                put(PeerKind::Coordstore3, 1, 800.0, 1.2),
+                put(PeerKind::Coordstore3, 64, 15000.0, 4.0),
+                put(PeerKind::Etcd3, 1, 1500.0, 0.6),
+                put(PeerKind::Etcd3, 64, 10000.0, 5.0),
+            ],
+            failover: vec![FailoverRow {
+                peer: PeerKind::Coordstore3.name().into(),
+                kills: 10,
+                failover: lat(1200.0),
+                samples_ms: vec![1200.0; 10],
+            }],
+            memory: vec![MemoryRow {
+                peer: PeerKind::Coordstore1.name().into(),
+                keys: 100,
+                raw_bytes: 100 << 20,
+                rss_before: 10 << 20,
+                rss_leader: 250 << 20,
+                rss_max: 250 << 20,
+                ratio: 2.5,
+                growth_ratio: 2.4,
+            }],
+            ..Default::default()
+        };
+        r.evaluate();
+        let met: Vec<(&str, bool)> = r
+            .targets
+            .iter()
+            .map(|t| (t.target.as_str(), t.met))
+            .collect();
+        assert_eq!(
+            met,
+            vec![
+                ("KV put at 64 clients ≥ 1.5× etcd's ops/s", true),
+                ("KV put p50 at 1 client ≤ etcd's", false),
+                ("failover p50 ≤ 1.5 s", true),
+                ("RSS ≤ 2× raw data (coordstore 1 node)", false),
+            ]
+        );
+        assert!(
+            r.targets[0].measured.contains("1.50×"),
+            "{:?}",
+            r.targets[0]
+        );
+        let md = r.markdown();
+        assert!(md.contains("| coordstore 3 nodes | put | 64 / 8 | 15000 | 4.00 | 8.00 | 0 |"));
+        assert!(md.contains("| KV put p50 at 1 client ≤ etcd's | 1.20 vs 0.60 ms | **no** |"));
+    }
+
+    #[test]
+    fn a_target_without_both_peers_measured_is_not_reported() {
+        let mut r = Report {
+            kv: vec![put(PeerKind::Coordstore3, 64, 15000.0, 4.0)],
+            ..Default::default()
+        };
+        r.evaluate();
+        assert!(r.targets.is_empty(), "{:?}", r.targets);
+    }
+}

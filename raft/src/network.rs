@@ -238,6 +238,23 @@ impl PeerService {
     }
 }
 
+/// Campaigns until this node's term is above `term` (the refused
+/// candidate's): openraft's election takes the current term + 1, which can
+/// equal the candidate's term, and two candidates of one term split the
+/// vote. Bounded to 3 elections; leaders and learners ignore the trigger.
+async fn campaign_above(raft: Raft, term: u64) {
+    for _ in 0..3 {
+        let now = raft.metrics().borrow().current_term;
+        if now > term || raft.trigger().elect().await.is_err() {
+            return;
+        }
+        let _ = raft
+            .wait(Some(Duration::from_millis(100)))
+            .metrics(|m| m.current_term > now, "campaign")
+            .await;
+    }
+}
+
 /// Whether this node should campaign at once after answering `req` with
 /// `resp`: it refused a candidate whose log is behind its own (so that
 /// candidate cannot win) while it has not heard from a leader itself for
@@ -290,8 +307,7 @@ impl RaftPeer for PeerService {
                     "refused a candidate with an older log and no leader heard for {:?}: campaigning",
                     self.silent_after
                 );
-                // Leaders and learners ignore the trigger (openraft checks).
-                let _ = self.raft.trigger().elect().await;
+                tokio::spawn(campaign_above(self.raft.clone(), asked.vote.leader_id.term));
             }
         }
         encode(&reply)
