@@ -21,6 +21,10 @@ struct Cli {
     /// Peers to compare (default: all that the workload applies to).
     #[arg(long, value_enum, value_delimiter = ',', global = true)]
     peers: Vec<PeerKind>,
+    /// Extra `coordstore serve` flags for the coordstore peers, e.g.
+    /// `--server-flags=--cache-bytes,16777216`.
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true, global = true)]
+    server_flags: Vec<String>,
     #[command(subcommand)]
     suite: Suite,
 }
@@ -125,6 +129,9 @@ async fn run() -> anyhow::Result<()> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
+    coordstore_bench::peers::SERVER_FLAGS
+        .set(cli.server_flags.clone())
+        .expect("set once");
     let peers = if cli.peers.is_empty() {
         PeerKind::ALL.to_vec()
     } else {

@@ -56,6 +56,10 @@ impl PeerKind {
     }
 }
 
+/// Extra `coordstore serve` flags for every coordstore peer of this run
+/// (`coordstore-bench --server-flags`), e.g. to compare configurations.
+pub static SERVER_FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
 /// Heartbeat timeout given to the xla peers: long enough that the load
 /// generator's registered tasks need no heartbeats during a suite.
 pub const HEARTBEAT_TIMEOUT_S: u64 = 600;
@@ -108,6 +112,7 @@ impl Peer {
                     "1000",
                 ];
                 flags.extend_from_slice(extra);
+                flags.extend(SERVER_FLAGS.get().into_iter().flatten().map(String::as_str));
                 let cluster = Cluster::start(n, &flags);
                 let all: Vec<usize> = (0..n).collect();
                 cluster.wait_leader(&all, Duration::from_secs(60)).await;
