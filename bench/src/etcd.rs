@@ -86,6 +86,11 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `n` members on free loopback ports with etcd's default timing.
     pub fn start(n: usize) -> anyhow::Result<EtcdCluster> {
+        Self::start_with(n, &[])
+    }
+
+    /// As [`EtcdCluster::start`], with `extra` flags for every member.
+    pub fn start_with(n: usize, extra: &[&str]) -> anyhow::Result<EtcdCluster> {
         let bin = crate::tools()?.etcd.clone();
         let dir = tempfile::tempdir()?;
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
@@ -100,7 +105,7 @@ impl EtcdCluster {
             let name = format!("n{}", i + 1);
             let client_url = format!("http://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
-            let args = vec![
+            let mut args: Vec<String> = vec![
                 "--name".into(),
                 name.clone(),
                 "--data-dir".into(),
@@ -124,6 +129,7 @@ impl EtcdCluster {
                 "--log-level".into(),
                 "warn".into(),
             ];
+            args.extend(extra.iter().map(|s| s.to_string()));
             let mut m = Member {
                 name: name.clone(),
                 addr: format!("127.0.0.1:{client}"),
@@ -135,6 +141,11 @@ impl EtcdCluster {
             members.push(m);
         }
         Ok(EtcdCluster { members, bin, dir })
+    }
+
+    /// The data dir of member `i`.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(&self.members[i].name)
     }
 
     /// Restarts member `i` on its data dir.

@@ -155,6 +155,9 @@ async fn run() -> anyhow::Result<()> {
             if peers.contains(&PeerKind::Coordstore1) {
                 report.replay = replay::run(entries).await?;
             }
+            if peers.contains(&PeerKind::Etcd3) {
+                report.replay.extend(replay::run_etcd(entries).await?);
+            }
             report.memory = memory::run(&peers, 100_000, 1024).await?;
             "all"
         }
@@ -180,7 +183,12 @@ async fn run() -> anyhow::Result<()> {
             "failover"
         }
         Suite::Replay { entries } => {
-            report.replay = replay::run(entries).await?;
+            if peers.contains(&PeerKind::Coordstore1) {
+                report.replay = replay::run(entries).await?;
+            }
+            if peers.contains(&PeerKind::Etcd3) {
+                report.replay.extend(replay::run_etcd(entries).await?);
+            }
             "replay"
         }
         Suite::Memory { keys, value_bytes } => {

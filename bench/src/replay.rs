@@ -15,6 +15,8 @@
 //!   entries, 1,000 kept behind), is waited for until its snapshot covers the
 //!   journal and the log behind it is purged, then SIGKILLed and restarted.
 //!
+//! etcd (1 member) gets the same puts through its API ([`run_etcd`]).
+//!
 //! "Serving" is the first linearizable read (xla TryGetKeyValue) that
 //! returns the value of the last entry, polled every 5 ms from the spawn.
 
@@ -27,6 +29,7 @@ use openraft::storage::RaftLogStorage;
 use openraft::{CommittedLeaderId, EntryPayload};
 use storage::{Entry, Identity, LogId, Proposal};
 
+use crate::etcd::EtcdCluster;
 use crate::peers::{KvClient, Peer, PeerKind};
 
 /// One restart.
@@ -38,12 +41,102 @@ pub struct ReplayRow {
     pub case: String,
     /// Journal entries the node holds.
     pub entries: u64,
-    /// Log entries left after the snapshot (all of them without).
-    pub log_entries: u64,
+    /// Log entries left after the snapshot (all of them without); not
+    /// known for etcd with snapshots.
+    pub log_entries: Option<u64>,
     /// Data dir size, bytes.
     pub data_dir_bytes: u64,
     /// Spawn → the first linearizable read of the last value, ms.
     pub serving_ms: f64,
+}
+
+/// etcd, 1 member: `entries` puts (the same keys and values as coordstore's
+/// journal) through 256 clients, then SIGKILL and restart; once with
+/// `--snapshot-count` above `entries` (the whole WAL is replayed) and once
+/// with etcd's default (a snapshot every 100,000 entries).
+pub async fn run_etcd(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
+    let mut rows = Vec::new();
+    for (case, count) in [
+        ("without snapshots", (entries * 2).to_string()),
+        ("with snapshots", "100000".to_string()),
+    ] {
+        eprintln!("replay: etcd 1 member, {entries} puts (--snapshot-count {count})");
+        let mut c = EtcdCluster::start_with(1, &["--snapshot-count", &count])?;
+        c.wait_leader(&[0], Duration::from_secs(60)).await?;
+        let addr = c.members[0].addr.clone();
+        let t = Instant::now();
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        let channels = {
+            let mut v = Vec::new();
+            for _ in 0..16 {
+                v.push(crate::peers::channel(&addr).await);
+            }
+            v
+        };
+        for t in 0..256 {
+            let mut kv = crate::etcd::kv(channels[t % 16].clone());
+            let next = next.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= entries {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                    kv.put(crate::etcd::pb::PutRequest {
+                        key: format!("replay/{}", i % KEYS).into_bytes(),
+                        value: value(i),
+                        lease: 0,
+                    })
+                    .await?;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        eprintln!(
+            "replay: {entries} etcd puts in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let last_i = entries - 1;
+        let key = format!("replay/{}", last_i % KEYS);
+        let want = value(last_i);
+        let size = dir_size(&c.data_dir(0));
+        c.members[0].kill();
+        let spawned = Instant::now();
+        c.restart(0)?;
+        let deadline = spawned + Duration::from_secs(600);
+        let serving_ms = loop {
+            if let Ok(ch) = crate::peers::channel_with_timeout(&addr, Duration::from_secs(5)).await
+            {
+                let mut kv = crate::etcd::kv(ch);
+                let r = kv
+                    .range(crate::etcd::pb::RangeRequest {
+                        key: key.clone().into_bytes(),
+                        ..Default::default()
+                    })
+                    .await;
+                if let Ok(r) = r {
+                    let got = r.into_inner().kvs.into_iter().next().map(|kv| kv.value);
+                    anyhow::ensure!(got.as_deref() == Some(&want[..]), "etcd lost {key}");
+                    break spawned.elapsed().as_secs_f64() * 1000.0;
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "etcd did not serve within 600 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        eprintln!("replay: etcd {case}: serving after {serving_ms:.0} ms");
+        rows.push(ReplayRow {
+            peer: "etcd 3.4, 1 member".into(),
+            case: case.into(),
+            entries,
+            log_entries: (case == "without snapshots").then_some(entries),
+            data_dir_bytes: size,
+            serving_ms,
+        });
+    }
+    Ok(rows)
 }
 
 fn dir_size(p: &std::path::Path) -> u64 {
@@ -181,7 +274,7 @@ pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
         peer: kind.name().into(),
         case: "without snapshots".into(),
         entries,
-        log_entries: last,
+        log_entries: Some(last),
         data_dir_bytes: size,
         serving_ms,
     });
@@ -208,7 +301,7 @@ pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
         let s = try_status(&addr)
             .await
             .ok_or_else(|| anyhow::anyhow!("no status"))?;
-        (s.last_log_index - s.purged_index, dir_size(&dir))
+        (Some(s.last_log_index - s.purged_index), dir_size(&dir))
     };
     let cluster = peer.coordstore().expect("coordstore peer");
     cluster.kill(0);

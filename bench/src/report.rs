@@ -164,7 +164,11 @@ impl Report {
                 met: r.failover.p50_ms <= 1500.0,
             });
         }
-        for r in &self.replay {
+        for r in self
+            .replay
+            .iter()
+            .filter(|r| r.peer.starts_with("coordstore"))
+        {
             t.push(Target {
                 target: format!(
                     "node with {} journal entries serving within 3 s ({})",
@@ -272,7 +276,7 @@ impl Report {
                     r.peer,
                     r.case,
                     r.entries,
-                    r.log_entries,
+                    r.log_entries.map_or("–".to_string(), |n| n.to_string()),
                     mib(r.data_dir_bytes),
                     r.serving_ms
                 ));
@@ -454,20 +458,37 @@ impl Report {
             out.push(path);
         }
         if !self.replay.is_empty() {
-            let labels: Vec<String> = self.replay.iter().map(|r| r.case.clone()).collect();
-            let series = vec![(
-                self.replay[0].peer.clone(),
-                self.replay.iter().map(|r| Some(r.serving_ms)).collect(),
-            )];
+            let mut labels: Vec<String> = Vec::new();
+            let mut peers: Vec<String> = Vec::new();
+            for r in &self.replay {
+                if !labels.contains(&r.case) {
+                    labels.push(r.case.clone());
+                }
+                if !peers.contains(&r.peer) {
+                    peers.push(r.peer.clone());
+                }
+            }
+            let series = peers
+                .iter()
+                .map(|p| {
+                    let vals = labels
+                        .iter()
+                        .map(|c| {
+                            self.replay
+                                .iter()
+                                .find(|r| &r.peer == p && &r.case == c)
+                                .map(|r| r.serving_ms)
+                        })
+                        .collect();
+                    (p.clone(), vals)
+                })
+                .collect::<Vec<_>>();
             let path = dir.join("replay.png");
-            bars(
-                &path,
-                "1M-entry node: restart → serving",
-                "ms",
-                &labels,
-                &series,
-                false,
-            )?;
+            let title = format!(
+                "{} journal entries: restart → serving",
+                self.replay[0].entries
+            );
+            bars(&path, &title, "ms", &labels, &series, false)?;
             out.push(path);
         }
         if !self.memory.is_empty() {
@@ -493,14 +514,12 @@ impl Report {
                 ),
             ];
             let path = dir.join("memory.png");
-            bars(
-                &path,
-                "RSS holding 100k × 1 KiB keys",
-                "MiB",
-                &labels,
-                &series,
-                false,
-            )?;
+            let title = format!(
+                "RSS holding {} keys ({:.0} MiB of keys and values)",
+                self.memory[0].keys,
+                mib(self.memory[0].raw_bytes)
+            );
+            bars(&path, &title, "MiB", &labels, &series, false)?;
             out.push(path);
         }
         Ok(out)
