@@ -13,7 +13,7 @@ use crate::peers::{channel, Peer, PeerKind};
 use crate::stats::{summarize, Latency};
 
 /// One (peer, N) measurement.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BarrierRow {
     /// Peer name.
     pub peer: String,

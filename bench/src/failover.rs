@@ -14,7 +14,7 @@ use crate::peers::{channel_with_timeout, Peer, PeerKind};
 use crate::stats::{summarize, Latency};
 
 /// One peer's failovers.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct FailoverRow {
     /// Peer name.
     pub peer: String,

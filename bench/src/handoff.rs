@@ -9,7 +9,7 @@ use crate::peers::{channel, Peer, PeerKind};
 use crate::stats::{summarize, Latency};
 
 /// One peer's hand-off latency.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct HandoffRow {
     /// Peer name.
     pub peer: String,

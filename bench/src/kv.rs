@@ -11,7 +11,7 @@ use crate::peers::{channel, Peer, PeerKind};
 use crate::stats::{summarize, Latency};
 
 /// One measured configuration.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KvRow {
     /// Peer name.
     pub peer: String,

@@ -91,6 +91,11 @@ enum Suite {
         #[arg(long, default_value_t = 1024)]
         value_bytes: usize,
     },
+    /// Renders the markdown and charts of a results JSON again (into --out).
+    Report {
+        /// A `bench/results/<suite>-<time>.json`.
+        json: PathBuf,
+    },
     /// Replicated write throughput and latency through the Node API.
     Propose {
         /// Cluster sizes.
@@ -143,6 +148,15 @@ async fn run() -> anyhow::Result<()> {
         ..Default::default()
     };
     let name = match cli.suite {
+        Suite::Report { json } => {
+            report = serde_json::from_slice(&std::fs::read(&json)?)?;
+            let md = report.markdown();
+            println!("{md}");
+            for chart in report.charts(&cli.out)? {
+                eprintln!("chart: {}", chart.display());
+            }
+            return Ok(());
+        }
         Suite::All {
             seconds,
             kills,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::peers::{channel, Peer, PeerKind};
 
 /// One peer's memory.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct MemoryRow {
     /// Peer name.
     pub peer: String,

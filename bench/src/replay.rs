@@ -33,7 +33,7 @@ use crate::etcd::EtcdCluster;
 use crate::peers::{KvClient, Peer, PeerKind};
 
 /// One restart.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ReplayRow {
     /// Peer name.
     pub peer: String,

@@ -17,7 +17,7 @@ use crate::peers::PeerKind;
 use crate::replay::ReplayRow;
 
 /// What the numbers were measured on.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Machine {
     /// CPU model.
     pub cpu: String,
@@ -80,7 +80,7 @@ impl Machine {
 }
 
 /// A target of the issue and where coordstore stands.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     /// What.
     pub target: String,
@@ -91,7 +91,7 @@ pub struct Target {
 }
 
 /// Everything one run measured.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// The machine.
     pub machine: Machine,
@@ -306,223 +306,211 @@ impl Report {
     pub fn charts(&self, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         register_font()?;
         let mut out = Vec::new();
-        let peers_of = |names: Vec<&str>| {
-            let mut v: Vec<String> = Vec::new();
-            for n in names {
-                if !v.iter().any(|x| x == n) {
-                    v.push(n.to_string());
-                }
-            }
-            v
+        let mut chart = |file: &str, title: &str, ylabel: &str, g: Grid, log_y: bool| {
+            let path = dir.join(file);
+            bars(&path, title, ylabel, &g.labels, &g.series, log_y)?;
+            out.push(path);
+            anyhow::Ok(())
         };
-        if !self.kv.is_empty() {
-            let peers = peers_of(self.kv.iter().map(|r| r.peer.as_str()).collect());
-            for (op, file, title, ylabel, metric) in [
-                (
-                    "put",
-                    "kv_put.png",
-                    "KV put throughput (256 B values)",
-                    "ops/s",
-                    0,
-                ),
-                ("put", "kv_put_p50.png", "KV put latency p50", "ms", 1),
-                (
-                    "get",
-                    "kv_get.png",
-                    "Linearizable get throughput",
-                    "ops/s",
-                    0,
-                ),
-            ] {
-                let mut groups: Vec<usize> = self
-                    .kv
-                    .iter()
-                    .filter(|r| r.op == op)
-                    .map(|r| r.clients)
-                    .collect();
-                groups.sort_unstable();
-                groups.dedup();
-                let series = peers
-                    .iter()
-                    .map(|p| {
-                        let vals = groups
-                            .iter()
-                            .map(|&c| {
-                                self.kv
-                                    .iter()
-                                    .find(|r| &r.peer == p && r.op == op && r.clients == c)
-                                    .map(|r| {
-                                        if metric == 0 {
-                                            r.ops_per_s
-                                        } else {
-                                            r.latency.p50_ms
-                                        }
-                                    })
-                            })
-                            .collect();
-                        (p.clone(), vals)
-                    })
-                    .collect::<Vec<_>>();
-                let labels: Vec<String> = groups
-                    .iter()
-                    .map(|&c| format!("{c} client{}", if c == 1 { "" } else { "s" }))
-                    .collect();
-                let path = dir.join(file);
-                bars(&path, title, ylabel, &labels, &series, false)?;
-                out.push(path);
+        let clients = |c: &usize| format!("{c} client{}", if *c == 1 { "" } else { "s" });
+        for (op, file, title, ylabel, p50) in [
+            (
+                "put",
+                "kv_put.png",
+                "KV put throughput (256 B values)",
+                "ops/s",
+                false,
+            ),
+            ("put", "kv_put_p50.png", "KV put latency p50", "ms", true),
+            (
+                "get",
+                "kv_get.png",
+                "Linearizable get throughput",
+                "ops/s",
+                false,
+            ),
+        ] {
+            let rows: Vec<&KvRow> = self.kv.iter().filter(|r| r.op == op).collect();
+            if !rows.is_empty() {
+                let g = Grid::sorted(
+                    &rows,
+                    |r| &r.peer,
+                    |r| r.clients,
+                    clients,
+                    |r| {
+                        if p50 {
+                            r.latency.p50_ms
+                        } else {
+                            r.ops_per_s
+                        }
+                    },
+                );
+                chart(file, title, ylabel, g, false)?;
             }
         }
         if !self.handoff.is_empty() {
-            let labels = vec!["p50".to_string(), "p90".into(), "p99".into()];
-            let series = self
-                .handoff
-                .iter()
-                .map(|r| {
-                    (
-                        r.peer.clone(),
-                        vec![
-                            Some(r.latency.p50_ms),
-                            Some(r.latency.p90_ms),
-                            Some(r.latency.p99_ms),
-                        ],
-                    )
-                })
-                .collect::<Vec<_>>();
-            let path = dir.join("handoff.png");
-            bars(
-                &path,
-                "Blocking-get hand-off",
-                "ms",
-                &labels,
-                &series,
-                false,
-            )?;
-            out.push(path);
+            let g = Grid::percentiles(
+                &self.handoff,
+                |r| &r.peer,
+                |r| [r.latency.p50_ms, r.latency.p90_ms, r.latency.p99_ms],
+            );
+            chart("handoff.png", "Blocking-get hand-off", "ms", g, false)?;
         }
         if !self.barrier.is_empty() {
-            let peers = peers_of(self.barrier.iter().map(|r| r.peer.as_str()).collect());
-            let mut sizes: Vec<usize> = self.barrier.iter().map(|r| r.tasks).collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            let series = peers
-                .iter()
-                .map(|p| {
-                    (
-                        p.clone(),
-                        sizes
-                            .iter()
-                            .map(|&n| {
-                                self.barrier
-                                    .iter()
-                                    .find(|r| &r.peer == p && r.tasks == n)
-                                    .map(|r| r.round.p50_ms)
-                            })
-                            .collect(),
-                    )
-                })
-                .collect::<Vec<_>>();
-            let labels: Vec<String> = sizes.iter().map(|n| format!("N = {n}")).collect();
-            let path = dir.join("barrier.png");
-            bars(
-                &path,
+            let g = Grid::sorted(
+                &self.barrier.iter().collect::<Vec<_>>(),
+                |r| &r.peer,
+                |r| r.tasks,
+                |n| format!("N = {n}"),
+                |r| r.round.p50_ms,
+            );
+            chart(
+                "barrier.png",
                 "Barrier round p50 (log scale)",
                 "ms",
-                &labels,
-                &series,
+                g,
                 true,
             )?;
-            out.push(path);
         }
         if !self.failover.is_empty() {
-            let labels = vec!["p50".to_string(), "p90".into(), "max".into()];
-            let series = self
-                .failover
-                .iter()
-                .map(|r| {
+            let mut g = Grid::percentiles(
+                &self.failover,
+                |r| &r.peer,
+                |r| {
                     let max = r.samples_ms.iter().copied().fold(0.0, f64::max);
-                    (
-                        r.peer.clone(),
-                        vec![Some(r.failover.p50_ms), Some(r.failover.p90_ms), Some(max)],
-                    )
-                })
-                .collect::<Vec<_>>();
-            let path = dir.join("failover.png");
-            bars(
-                &path,
-                "Leader SIGKILL → writes succeed again",
-                "ms",
-                &labels,
-                &series,
-                false,
-            )?;
-            out.push(path);
+                    [r.failover.p50_ms, r.failover.p90_ms, max]
+                },
+            );
+            g.labels[2] = "max".into();
+            let title = "Leader SIGKILL → writes succeed again";
+            chart("failover.png", title, "ms", g, false)?;
         }
         if !self.replay.is_empty() {
-            let mut labels: Vec<String> = Vec::new();
-            let mut peers: Vec<String> = Vec::new();
-            for r in &self.replay {
-                if !labels.contains(&r.case) {
-                    labels.push(r.case.clone());
-                }
-                if !peers.contains(&r.peer) {
-                    peers.push(r.peer.clone());
-                }
-            }
-            let series = peers
-                .iter()
-                .map(|p| {
-                    let vals = labels
-                        .iter()
-                        .map(|c| {
-                            self.replay
-                                .iter()
-                                .find(|r| &r.peer == p && &r.case == c)
-                                .map(|r| r.serving_ms)
-                        })
-                        .collect();
-                    (p.clone(), vals)
-                })
-                .collect::<Vec<_>>();
-            let path = dir.join("replay.png");
+            let g = Grid::in_order(
+                &self.replay.iter().collect::<Vec<_>>(),
+                |r| &r.peer,
+                |r| r.case.clone(),
+                |r| r.serving_ms,
+            );
             let title = format!(
                 "{} journal entries: restart → serving",
                 self.replay[0].entries
             );
-            bars(&path, &title, "ms", &labels, &series, false)?;
-            out.push(path);
+            chart("replay.png", &title, "ms", g, false)?;
         }
         if !self.memory.is_empty() {
-            let labels: Vec<String> = self.memory.iter().map(|r| r.peer.clone()).collect();
-            let series = vec![
-                (
-                    "raw data".to_string(),
-                    self.memory.iter().map(|r| Some(mib(r.raw_bytes))).collect(),
-                ),
-                (
-                    "leader RSS".to_string(),
-                    self.memory
-                        .iter()
-                        .map(|r| Some(mib(r.rss_leader)))
-                        .collect(),
-                ),
-                (
-                    "RSS growth".to_string(),
-                    self.memory
-                        .iter()
-                        .map(|r| Some(mib(r.rss_leader.saturating_sub(r.rss_before))))
-                        .collect(),
-                ),
-            ];
-            let path = dir.join("memory.png");
+            // Groups are the peers here, series the three figures.
+            let pick = |f: fn(&MemoryRow) -> u64| -> Vec<Option<f64>> {
+                self.memory.iter().map(|r| Some(mib(f(r)))).collect()
+            };
+            let g = Grid {
+                labels: self.memory.iter().map(|r| r.peer.clone()).collect(),
+                series: vec![
+                    ("raw data".into(), pick(|r| r.raw_bytes)),
+                    ("leader RSS".into(), pick(|r| r.rss_leader)),
+                    (
+                        "RSS growth".into(),
+                        pick(|r| r.rss_leader.saturating_sub(r.rss_before)),
+                    ),
+                ],
+            };
             let title = format!(
                 "RSS holding {} keys ({:.0} MiB of keys and values)",
                 self.memory[0].keys,
                 mib(self.memory[0].raw_bytes)
             );
-            bars(&path, &title, "MiB", &labels, &series, false)?;
-            out.push(path);
+            chart("memory.png", &title, "MiB", g, false)?;
         }
         Ok(out)
+    }
+}
+
+/// A grouped bar chart's data: group labels, and one series per peer with
+/// a value (or none) per group.
+struct Grid {
+    labels: Vec<String>,
+    series: Vec<(String, Vec<Option<f64>>)>,
+}
+
+impl Grid {
+    /// Groups are the distinct `group(row)` values in first-seen order;
+    /// series the peers in first-seen order.
+    fn in_order<R, G: PartialEq + Clone + ToString>(
+        rows: &[&R],
+        peer: impl Fn(&R) -> &String,
+        group: impl Fn(&R) -> G,
+        value: impl Fn(&R) -> f64,
+    ) -> Grid {
+        let mut groups: Vec<G> = Vec::new();
+        for r in rows {
+            let g = group(r);
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+        let labels = groups.iter().map(G::to_string).collect();
+        Self::build(rows, &peer, &group, &value, groups, labels)
+    }
+
+    /// As [`Grid::in_order`] with the groups sorted and labelled by `label`.
+    fn sorted<R, G: Ord + Clone>(
+        rows: &[&R],
+        peer: impl Fn(&R) -> &String,
+        group: impl Fn(&R) -> G,
+        label: impl Fn(&G) -> String,
+        value: impl Fn(&R) -> f64,
+    ) -> Grid {
+        let mut groups: Vec<G> = rows.iter().map(|r| group(r)).collect();
+        groups.sort();
+        groups.dedup();
+        let labels = groups.iter().map(label).collect();
+        Self::build(rows, &peer, &group, &value, groups, labels)
+    }
+
+    /// Three groups p50 / p90 / p99, one series per row.
+    fn percentiles<R>(
+        rows: &[R],
+        peer: impl Fn(&R) -> &String,
+        values: impl Fn(&R) -> [f64; 3],
+    ) -> Grid {
+        Grid {
+            labels: vec!["p50".into(), "p90".into(), "p99".into()],
+            series: rows
+                .iter()
+                .map(|r| (peer(r).clone(), values(r).map(Some).to_vec()))
+                .collect(),
+        }
+    }
+
+    fn build<R, G: PartialEq>(
+        rows: &[&R],
+        peer: &impl Fn(&R) -> &String,
+        group: &impl Fn(&R) -> G,
+        value: &impl Fn(&R) -> f64,
+        groups: Vec<G>,
+        labels: Vec<String>,
+    ) -> Grid {
+        let mut peers: Vec<&String> = Vec::new();
+        for r in rows {
+            if !peers.contains(&peer(r)) {
+                peers.push(peer(r));
+            }
+        }
+        let series = peers
+            .into_iter()
+            .map(|p| {
+                let vals = groups
+                    .iter()
+                    .map(|g| {
+                        rows.iter()
+                            .find(|r| peer(r) == p && group(r) == *g)
+                            .map(|r| value(r))
+                    })
+                    .collect();
+                (p.clone(), vals)
+            })
+            .collect();
+        Grid { labels, series }
     }
 }
 
@@ -710,6 +698,34 @@ mod tests {
         let md = r.markdown();
         assert!(md.contains("| coordstore 3 nodes | put | 64 / 8 | 15000 | 4.00 | 8.00 | 0 |"));
         assert!(md.contains("| KV put p50 at 1 client ≤ etcd's | 1.20 vs 0.60 ms | **no** |"));
+    }
+
+    #[test]
+    fn grid_has_a_series_per_peer_and_a_gap_where_a_peer_was_not_measured() {
+        let rows = [
+            put(PeerKind::Etcd3, 64, 3.0, 1.0),
+            put(PeerKind::Coordstore3, 64, 2.0, 1.0),
+            put(PeerKind::Coordstore3, 1, 1.0, 1.0),
+        ];
+        let refs: Vec<&KvRow> = rows.iter().collect();
+        let g = Grid::sorted(
+            &refs,
+            |r| &r.peer,
+            |r| r.clients,
+            |c| c.to_string(),
+            |r| r.ops_per_s,
+        );
+        assert_eq!(g.labels, vec!["1", "64"]);
+        assert_eq!(
+            g.series,
+            vec![
+                (PeerKind::Etcd3.name().to_string(), vec![None, Some(3.0)]),
+                (
+                    PeerKind::Coordstore3.name().to_string(),
+                    vec![Some(1.0), Some(2.0)]
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Latency summary in milliseconds.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Latency {
     /// Samples.
     pub n: usize,
