@@ -1,13 +1,16 @@
 //! Every node of the cluster as one target: a call goes to the current node
 //! and, after a transport failure, to the next one, with the same
-//! exactly-once origin (`x-coordstore-origin`). Shared by the relay and the
-//! agent.
+//! exactly-once origin (`x-coordstore-origin`). Each call in flight has a
+//! lane of its own (`proto::origin::Lanes`) that declares its previous call
+//! done, so the cluster keeps one outcome per call in flight here however
+//! many calls pass. Shared by the relay and the agent.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use proto::origin::Lanes;
 use proto::ORIGIN_HEADER;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
@@ -29,8 +32,7 @@ pub fn is_transport_failure(s: &Status) -> bool {
 struct Inner {
     channels: Vec<Channel>,
     current: AtomicUsize,
-    client_id: u64,
-    seq: AtomicU64,
+    lanes: Lanes,
     retry_for: Duration,
 }
 
@@ -62,20 +64,10 @@ impl Endpoints {
             inner: Arc::new(Inner {
                 channels,
                 current: AtomicUsize::new(0),
-                client_id: rand::random::<u64>() >> 1,
-                seq: AtomicU64::new(0),
+                lanes: Lanes::new(),
                 retry_for,
             }),
         })
-    }
-
-    /// A fresh origin for one call.
-    pub fn next_origin(&self) -> String {
-        format!(
-            "{}:{}",
-            self.inner.client_id,
-            self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1
-        )
     }
 
     /// The node calls go to now, and its channel.
@@ -104,7 +96,9 @@ impl Endpoints {
         F: Fn(Channel, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        let origin = self.next_origin();
+        // The lane is held until this call is over, retries included.
+        let lane = self.inner.lanes.checkout();
+        let origin = lane.origin().header_value();
         let deadline = Instant::now() + self.inner.retry_for;
         let mut failures = 0usize;
         loop {

@@ -519,6 +519,17 @@ pub fn epoch_reset() -> DomainError {
     )
 }
 
+/// Answer to a late copy of a request its client had declared done
+/// (answered or given up): it is not applied.
+pub fn late_copy(client_id: u64, seq: u64) -> DomainError {
+    bare(
+        Code::Aborted,
+        format!(
+            "Request {client_id}:{seq} was already answered or given up by its sender; this late copy is not applied."
+        ),
+    )
+}
+
 // --------------------------------------------------------- alive tasks ----
 
 pub(crate) fn alive_requester_not_in_set(task: &str) -> DomainError {

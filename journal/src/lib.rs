@@ -44,6 +44,6 @@ pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
 pub use pb::{Code, DomainError, Outcome, TaskStatus, Update};
 pub use state::{
     task_name, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS, DEFAULT_MAX_OUTCOMES_PER_CLIENT,
-    JAX_JOB,
+    DEFAULT_SESSION_HORIZON_MS, JAX_JOB, SESSION_SWEEP_EVERY,
 };
 pub use tasks::{HeartbeatCheck, WAIT_FOR_ALL_TASKS_TIMEOUT_MS};

@@ -18,6 +18,10 @@ pub const JAX_JOB: &str = "jax_worker";
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
 /// Default bound on the outcomes remembered per client.
 pub const DEFAULT_MAX_OUTCOMES_PER_CLIENT: u32 = 1024;
+/// Default age (leader clock) after which an unheard-of client is forgotten.
+pub const DEFAULT_SESSION_HORIZON_MS: u64 = 15 * 60 * 1000;
+/// Clients older than the horizon are swept out once per this many updates.
+pub const SESSION_SWEEP_EVERY: u64 = 1024;
 /// Most tasks a cluster configuration may hold.
 pub const MAX_TASKS: u64 = 1 << 20;
 
@@ -98,9 +102,14 @@ impl State {
     }
 
     /// Applies one update and returns its outcome. A retried update (same
-    /// origin) returns the recorded outcome and changes nothing else.
+    /// origin) returns the recorded outcome and changes nothing else; a late
+    /// copy of an update its client has declared done is refused.
     pub fn apply(&mut self, u: &Update) -> Outcome {
         self.d.applied += 1;
+        self.d.clock_ms = self.d.clock_ms.max(u.at_ms);
+        if self.d.applied.is_multiple_of(SESSION_SWEEP_EVERY) {
+            self.expire_sessions();
+        }
         match &u.origin {
             None => {
                 let mut out = self.apply_command(u);
@@ -207,25 +216,49 @@ impl State {
         )
     }
 
-    /// The recorded outcome of a retried update. A client's window holds its
-    /// newest outcomes; a retry older than the window is applied again (the
-    /// window is sized far beyond the calls a client has in flight, so only
-    /// long-lived calls such as PollForError can fall out of it, and applying
-    /// those again is harmless: a new poll, a re-arrival that replaces the
-    /// same task's arrival). Refusing such a retry instead would fail a call
-    /// that may never have been applied.
+    fn session_horizon_ms(&self) -> u64 {
+        match self.d.config.as_ref().map_or(0, |c| c.session_horizon_ms) {
+            0 => DEFAULT_SESSION_HORIZON_MS,
+            h => h,
+        }
+    }
+
+    /// The recorded outcome of a retried update, or the refusal of a late
+    /// copy of one its client has declared done; `None` for a new update.
+    ///
+    /// How long an outcome is kept does not depend on anyone else's traffic:
+    /// until its client declares it done (`done_below`; coordstore's nodes,
+    /// relay and agent do, and keep one call per client id in flight, so they
+    /// hold one outcome each), or until the client has not been heard of for
+    /// the session horizon (leader clock). Two bounds remain for clients that
+    /// never declare anything done: a client keeps its newest
+    /// `max_outcomes_per_client` outcomes (a retry older than that is applied
+    /// again: refusing it would fail a call that may never have been
+    /// applied), and the table keeps the `max_client_sessions` most recently
+    /// heard of clients.
     fn recorded_outcome(&mut self, o: &Origin) -> Option<Outcome> {
-        let applied = self.d.applied;
-        let s = self.d.sessions.get_mut(&o.client_id)?;
+        let (applied, now) = (self.d.applied, self.d.clock_ms);
+        let s = self.d.sessions.entry(o.client_id).or_default();
         s.touched = applied;
-        s.outcomes.get(&o.seq).cloned()
+        s.touched_ms = now;
+        // A request cannot declare itself done.
+        let done_below = o.done_below.min(o.seq);
+        if done_below > s.done_below {
+            s.done_below = done_below;
+            s.outcomes = s.outcomes.split_off(&done_below);
+        }
+        if let Some(out) = s.outcomes.get(&o.seq) {
+            return Some(out.clone());
+        }
+        if o.seq < s.done_below {
+            return Some(Outcome::err(errors::late_copy(o.client_id, o.seq)));
+        }
+        None
     }
 
     fn record_outcome(&mut self, o: &Origin, out: &Outcome) {
         let (max_sessions, max_outcomes) = self.limits();
-        let applied = self.d.applied;
         let s = self.d.sessions.entry(o.client_id).or_default();
-        s.touched = applied;
         s.outcomes.insert(o.seq, out.clone());
         while s.outcomes.len() > max_outcomes {
             s.outcomes.pop_first();
@@ -247,9 +280,23 @@ impl State {
         }
     }
 
+    /// Forgets every client not heard of for the session horizon.
+    fn expire_sessions(&mut self) {
+        let horizon = self.session_horizon_ms();
+        let Some(cutoff) = self.d.clock_ms.checked_sub(horizon) else {
+            return;
+        };
+        self.d.sessions.retain(|_, s| s.touched_ms >= cutoff);
+    }
+
     /// Number of clients the exactly-once table remembers.
     pub fn session_count(&self) -> usize {
         self.d.sessions.len()
+    }
+
+    /// Number of outcomes the exactly-once table holds, over all clients.
+    pub fn outcomes_held(&self) -> usize {
+        self.d.sessions.values().map(|s| s.outcomes.len()).sum()
     }
 
     // ------------------------------------------------ snapshots and digest ----

@@ -121,7 +121,11 @@ fn build(seq: &[Step], recoverable: bool) -> Vec<Update> {
     for (cmd, dt, origin) in seq {
         at += dt;
         out.push(Update {
-            origin: origin.map(|(client_id, seq)| Origin { client_id, seq }),
+            origin: origin.map(|(client_id, seq)| Origin {
+                client_id,
+                seq,
+                done_below: 0,
+            }),
             at_ms: at,
             command: Some(cmd.clone()),
         });

@@ -35,10 +35,13 @@ pub mod payloads {
     tonic::include_proto!("tensorflow.distributed_runtime");
 }
 
+pub mod origin;
+
 /// gRPC metadata key that gives a coordination call's update its
-/// exactly-once origin, `CLIENT_ID:SEQ` in decimal. The relay and the agent set
-/// it; a node that receives a retried call with the same origin (at any node)
-/// returns the first outcome instead of applying the call twice.
+/// exactly-once origin, `CLIENT_ID:SEQ[:DONE_BELOW]` in decimal (see
+/// [`origin`]). The relay and the agent set it; a node that receives a
+/// retried call with the same origin (at any node) returns the first outcome
+/// instead of applying the call twice.
 pub const ORIGIN_HEADER: &str = "x-coordstore-origin";
 
 /// Map keys of [`payloads::GrpcPayloadContainer::payloads`] as stock clients read them.

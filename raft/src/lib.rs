@@ -12,11 +12,13 @@
 
 mod batcher;
 mod config;
+mod contact;
 mod network;
 mod node;
 mod reads;
 
 pub use batcher::{Applied, ProposeError};
 pub use config::RaftSettings;
+pub use contact::QUORUM_AGE_HEADER;
 pub use network::{Channels, PeerNetwork, PeerService, Raft};
 pub use node::{NodeConfig, RaftNode, Role, StartError};

@@ -21,6 +21,8 @@ use proto::coordstore::RaftPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use storage::{Node, NodeId, TypeConfig};
+
+use crate::contact::{Contact, QUORUM_AGE_HEADER};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -86,14 +88,16 @@ impl Channels {
 pub struct PeerNetwork {
     channels: Channels,
     max_message_bytes: usize,
+    contact: Arc<Contact>,
 }
 
 impl PeerNetwork {
-    /// A factory over `channels`.
-    pub fn new(channels: Channels, max_message_bytes: usize) -> Self {
+    /// A factory over `channels` that records acknowledgements in `contact`.
+    pub(crate) fn new(channels: Channels, max_message_bytes: usize, contact: Arc<Contact>) -> Self {
         PeerNetwork {
             channels,
             max_message_bytes,
+            contact,
         }
     }
 }
@@ -107,7 +111,11 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
                 .max_decoding_message_size(self.max_message_bytes)
                 .max_encoding_message_size(self.max_message_bytes)
         });
-        PeerConnection { target, client }
+        PeerConnection {
+            target,
+            client,
+            contact: self.contact.clone(),
+        }
     }
 }
 
@@ -115,6 +123,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 pub struct PeerConnection {
     target: NodeId,
     client: Result<RaftPeerClient<Channel>, String>,
+    contact: Arc<Contact>,
 }
 
 #[derive(Clone, Copy)]
@@ -156,6 +165,12 @@ impl PeerConnection {
             data: Bytes::from(data),
         });
         request.set_timeout(ttl);
+        if let (Method::Append, Some(age)) = (method, self.contact.quorum_age()) {
+            let ms = age.as_millis().to_string();
+            request
+                .metadata_mut()
+                .insert(QUORUM_AGE_HEADER, ms.parse().expect("ascii digits"));
+        }
         let reply = match method {
             Method::Append => client.append_entries(request).await,
             Method::Vote => client.vote(request).await,
@@ -183,7 +198,11 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(Method::Append, &rpc, option.hard_ttl()).await
+        let resp = self.call(Method::Append, &rpc, option.hard_ttl()).await?;
+        if !matches!(resp, AppendEntriesResponse::HigherVote(_)) {
+            self.contact.acked(self.target);
+        }
+        Ok(resp)
     }
 
     async fn install_snapshot(
@@ -202,13 +221,18 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(Method::Vote, &rpc, option.hard_ttl()).await
+        let resp: VoteResponse<NodeId> = self.call(Method::Vote, &rpc, option.hard_ttl()).await?;
+        if resp.vote_granted {
+            self.contact.acked(self.target);
+        }
+        Ok(resp)
     }
 }
 
 /// The server side of the peer RPCs.
 pub struct PeerService {
     raft: Raft,
+    contact: Arc<Contact>,
     /// When an AppendEntries (entries or heartbeat) last arrived.
     last_append: Mutex<Option<Instant>>,
     /// How long without one before this node counts the leader as silent.
@@ -217,14 +241,17 @@ pub struct PeerService {
 
 impl PeerService {
     /// The tonic service for `raft`, with the message limits of the node;
-    /// the leader counts as silent after three missed heartbeats.
-    pub fn server(
+    /// the leader counts as silent after three missed heartbeats. What the
+    /// leader vouches for goes to `contact`.
+    pub(crate) fn server(
         raft: Raft,
         max_message_bytes: usize,
         heartbeat: Duration,
+        contact: Arc<Contact>,
     ) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
             raft,
+            contact,
             last_append: Mutex::new(None),
             silent_after: 3 * heartbeat,
         })
@@ -290,9 +317,20 @@ impl RaftPeer for PeerService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let vouched = req
+            .metadata()
+            .get(QUORUM_AGE_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(Duration::from_millis);
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
         let reply = self.raft.append_entries(rpc).await;
         *self.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if let (Ok(resp), Some(age)) = (&reply, vouched) {
+            // Accepted (not from a deposed leader): its quorum is ours to know.
+            if !matches!(resp, AppendEntriesResponse::HigherVote(_)) {
+                self.contact.leader_vouched(age);
+            }
+        }
         encode(&reply)
     }
 

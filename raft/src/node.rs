@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::batcher::{self, Applied, Pending, ProposeError};
 use crate::config::RaftSettings;
+use crate::contact::Contact;
 use crate::network::{Channels, PeerNetwork, PeerService, Raft};
 use crate::reads::{self, ReadReply};
 
@@ -73,6 +74,22 @@ impl Role {
     }
 }
 
+/// Keeps `contact`'s voter set in step with the membership.
+async fn track_voters(raft: Raft, contact: Arc<Contact>) {
+    let mut rx = raft.metrics();
+    let mut seen = None;
+    loop {
+        let membership = rx.borrow_and_update().membership_config.clone();
+        if seen.as_ref() != Some(&membership) {
+            contact.set_voters(membership.membership().voter_ids().collect());
+            seen = Some(membership);
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// A running node.
 pub struct RaftNode {
     id: NodeId,
@@ -84,6 +101,8 @@ pub struct RaftNode {
     channels: Channels,
     max_message_bytes: usize,
     heartbeat: std::time::Duration,
+    election_timeout: std::time::Duration,
+    contact: Arc<Contact>,
 }
 
 impl RaftNode {
@@ -101,17 +120,37 @@ impl RaftNode {
                 .await
                 .map_err(|e| StartError::Raft(format!("storage open task failed: {e}")))??;
         let state = sm.handle();
+        // Reads are never served below what this node had logged before it
+        // (re)started (see `reads`).
+        let read_floor = log.last_index().map_err(StartError::Raft)?;
+        let led = log.led_when_stopped().map_err(StartError::Raft)?;
         let config = cfg
             .settings
             .openraft_config(&cfg.cluster_id)
             .map_err(StartError::Raft)?;
         let channels = Channels::with_overrides(cfg.peer_overrides.clone());
-        let network = PeerNetwork::new(channels.clone(), cfg.settings.max_message_bytes);
+        let contact = Arc::new(Contact::new(cfg.node_id));
+        let network = PeerNetwork::new(
+            channels.clone(),
+            cfg.settings.max_message_bytes,
+            contact.clone(),
+        );
         let raft = Raft::new(cfg.node_id, config, network, log, sm)
             .await
             .map_err(|e| StartError::Raft(format!("openraft failed to start: {e}")))?;
+        if led {
+            // It led when it stopped and starts as a follower (see
+            // `LogStore::read_vote`): campaign now rather than after an
+            // election timeout. A single-node cluster serves at once; in a
+            // larger one the others refuse while they still count on the old
+            // leadership, and the usual timer retries.
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!("campaigning after a restart as leader failed: {e}");
+            }
+        }
+        tokio::spawn(track_voters(raft.clone(), contact.clone()));
         let writes = batcher::spawn(raft.clone(), &cfg.settings, state.clone());
-        let reads = reads::spawn(raft.clone());
+        let reads = reads::spawn(raft.clone(), state.clone(), read_floor);
         Ok(Arc::new(RaftNode {
             id: cfg.node_id,
             address: cfg.address,
@@ -122,6 +161,10 @@ impl RaftNode {
             channels,
             max_message_bytes: cfg.settings.max_message_bytes,
             heartbeat: std::time::Duration::from_millis(cfg.settings.heartbeat_interval_ms),
+            election_timeout: std::time::Duration::from_millis(
+                cfg.settings.election_timeout_min_ms + cfg.settings.election_timeout_max_ms,
+            ),
+            contact,
         }))
     }
 
@@ -137,7 +180,12 @@ impl RaftNode {
 
     /// The tonic service for peer RPCs, to add to the node's server.
     pub fn peer_service(&self) -> RaftPeerServer<PeerService> {
-        PeerService::server(self.raft.clone(), self.max_message_bytes, self.heartbeat)
+        PeerService::server(
+            self.raft.clone(),
+            self.max_message_bytes,
+            self.heartbeat,
+            self.contact.clone(),
+        )
     }
 
     /// The peer channel cache (also used to forward calls to the leader).
@@ -190,8 +238,9 @@ impl RaftNode {
     }
 
     /// Waits until a linearizable read of the local state is safe (leader
-    /// only): one quorum round serves every read queued before it started.
-    pub async fn read_barrier(&self) -> Result<(), ProposeError> {
+    /// only; ReadIndex): one quorum round serves every read queued before it
+    /// started. Returns the read index, which the local state has applied.
+    pub async fn read_barrier(&self) -> Result<u64, ProposeError> {
         let (reply, rx) = oneshot::channel();
         self.reads
             .send(reply)
@@ -199,6 +248,24 @@ impl RaftNode {
             .map_err(|_| ProposeError::Fatal("the read coalescer stopped".into()))?;
         rx.await
             .map_err(|_| ProposeError::Fatal("the read coalescer dropped the read".into()))?
+    }
+
+    /// The election timeout: a follower that hears no leader for between
+    /// this and 1.5× this campaigns.
+    pub fn election_timeout(&self) -> std::time::Duration {
+        self.election_timeout
+    }
+
+    /// How long ago this node knows a leader held a quorum: as leader, since
+    /// a majority of voters last acknowledged it; as follower (or candidate),
+    /// since the last leader it accepted vouched for its own quorum. `None`
+    /// if it never knew one.
+    pub fn leader_contact_age(&self) -> Option<std::time::Duration> {
+        if self.role() == Role::Leader {
+            self.contact.quorum_age()
+        } else {
+            self.contact.vouched_age()
+        }
     }
 
     /// The latest metrics.

@@ -73,9 +73,12 @@ pub struct ServeOptions {
     /// Clients the exactly-once table remembers [default: 4096]
     #[arg(long)]
     pub max_client_sessions: Option<u32>,
-    /// Outcomes remembered per client [default: 64]
+    /// Outcomes remembered per client that does not declare its requests done [default: 1024]
     #[arg(long)]
     pub max_outcomes_per_client: Option<u32>,
+    /// A client unheard of for this long is forgotten by the exactly-once table [default: 900000]
+    #[arg(long)]
+    pub session_horizon_ms: Option<u64>,
     /// Bytes of KV change history kept for resumable watches [default: 16777216]
     #[arg(long)]
     pub watch_history_bytes: Option<u64>,
@@ -179,6 +182,7 @@ impl ServeOptions {
             max_keys,
             max_client_sessions,
             max_outcomes_per_client,
+            session_horizon_ms,
             watch_history_bytes,
             cache_bytes,
             snapshot_every,
@@ -246,6 +250,9 @@ impl ServeOptions {
             max_client_sessions: self.max_client_sessions.unwrap_or(0),
             max_outcomes_per_client: self.max_outcomes_per_client.unwrap_or(0),
             max_keys: self.max_keys.unwrap_or(0),
+            session_horizon_ms: self
+                .session_horizon_ms
+                .unwrap_or(journal::DEFAULT_SESSION_HORIZON_MS),
             watch_history_bytes: self
                 .watch_history_bytes
                 .unwrap_or(journal::DEFAULT_WATCH_HISTORY_BYTES),

@@ -19,8 +19,9 @@ use tonic::Status;
 
 use crate::core::{now_ms, Core};
 
-/// How long a heartbeat looks for the leader before the node answers it.
-const HEARTBEAT_LEADER_BUDGET: Duration = Duration::from_millis(300);
+/// How long a heartbeat looks for the leader before the node considers
+/// answering it itself.
+const HEARTBEAT_LEADER_BUDGET: Duration = Duration::from_millis(100);
 
 /// A failed coordination call: a domain error (mapped to the dialect's wire
 /// error) or a transport-level status (no leader, shutting down).
@@ -66,21 +67,23 @@ pub struct Coordination {
 
 pub use proto::ORIGIN_HEADER;
 
-/// The origin a request carries in [`ORIGIN_HEADER`], if any.
+/// The origin a request carries in [`ORIGIN_HEADER`], if any
+/// (`CLIENT_ID:SEQ[:DONE_BELOW]`, see [`proto::origin`]).
 pub fn request_origin<T>(req: &tonic::Request<T>) -> Result<Option<Origin>, Status> {
     let Some(v) = req.metadata().get(ORIGIN_HEADER) else {
         return Ok(None);
     };
-    let bad = || {
+    let text = v.to_str().map_err(|_| {
         Status::invalid_argument(format!(
-            "malformed {ORIGIN_HEADER} header (want CLIENT_ID:SEQ)"
+            "malformed {ORIGIN_HEADER} header (want CLIENT_ID:SEQ[:DONE_BELOW])"
         ))
-    };
-    let text = v.to_str().map_err(|_| bad())?;
-    let (client, seq) = text.split_once(':').ok_or_else(bad)?;
+    })?;
+    let o = proto::origin::WireOrigin::parse(text)
+        .map_err(|e| Status::invalid_argument(format!("{ORIGIN_HEADER} header: {e}")))?;
     Ok(Some(Origin {
-        client_id: client.trim().parse().map_err(|_| bad())?,
-        seq: seq.trim().parse().map_err(|_| bad())?,
+        client_id: o.client_id,
+        seq: o.seq,
+        done_below: o.done_below,
     }))
 }
 
@@ -218,28 +221,39 @@ impl Coordination {
 
     /// Heartbeat, checked and recorded by the leader runtime. Clients give a
     /// heartbeat a short deadline (jaxlib: half the heartbeat timeout) and die
-    /// when it fails, so while no leader answers quickly (an election) the
-    /// node answers from its own state: a heartbeat lost then costs nothing,
+    /// when it fails, so while no leader answers quickly (an election) a node
+    /// that knew a leader with a quorum within the local answer window
+    /// accepts it from its own state: a heartbeat lost then costs nothing,
     /// since a new leader counts every connected task as seen at takeover.
+    /// It only ever accepts that way: a refusal, and anything past the
+    /// window (this node cut off from the majority), waits for a leader, so
+    /// the task learns its fate from the majority.
     pub async fn heartbeat(&self, task: u32, incarnation: u64) -> CallResult<u64> {
-        let forwarded = tokio::time::timeout(
-            HEARTBEAT_LEADER_BUDGET,
-            self.core.heartbeat(task, incarnation, true),
-        )
-        .await;
-        match forwarded {
-            Ok(Ok(answer)) => answer?,
-            Ok(Err(_)) | Err(_) => {
-                let check = self.read(|s| s.heartbeat_check(task, incarnation, now_ms()));
-                match check {
-                    HeartbeatCheck::Accept | HeartbeatCheck::Ignore => {}
-                    HeartbeatCheck::Reject(e) => return Err(e.into()),
-                    // Changing state needs the leader: wait for one.
-                    HeartbeatCheck::Mismatch(_) => {
-                        flatten(self.core.heartbeat(task, incarnation, true).await)?
-                    }
-                }
-            }
+        let core = self.core.clone();
+        // The leader gets the heartbeat even when it is answered here first.
+        let mut to_leader =
+            tokio::spawn(async move { core.heartbeat(task, incarnation, true).await });
+        let early = tokio::time::timeout(HEARTBEAT_LEADER_BUDGET, &mut to_leader)
+            .await
+            .ok();
+        if let Some(Ok(Ok(answer))) = early {
+            answer?;
+            return Ok(self.read(|s| s.service_incarnation()));
+        }
+        let accepted = self.core.leader_heard_recently()
+            && matches!(
+                self.read(|s| s.heartbeat_check(task, incarnation, now_ms())),
+                HeartbeatCheck::Accept | HeartbeatCheck::Ignore
+            );
+        if !accepted {
+            let answer = match early {
+                // Still looking for a leader: keep waiting for it.
+                None => to_leader
+                    .await
+                    .map_err(|e| Status::internal(format!("heartbeat task failed: {e}")))?,
+                Some(_) => self.core.heartbeat(task, incarnation, true).await,
+            };
+            flatten(answer)?;
         }
         Ok(self.read(|s| s.service_incarnation()))
     }

@@ -1,10 +1,12 @@
 //! The core: stamps and proposes updates on the leader, forwards from
 //! followers, and waits out leader changes, so a caller connected to any
 //! surviving node never sees one. Every update gets an origin on the first
-//! node it reaches, so the retries here are exactly-once.
+//! node it reaches, so the retries here are exactly-once: a call without one
+//! proposes on a lane of its own (`proto::origin::Lanes`), which declares
+//! the lane's previous call done, so the replicated state holds one outcome
+//! per call in flight here, whatever the traffic.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,6 +15,7 @@ use journal::{DomainError, State, Update};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::{HeartbeatRequest, ProposeRequest, ReadIndexRequest};
+use proto::origin::{Lane, Lanes};
 use raft::{Applied, ProposeError, RaftNode, Role};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -48,8 +51,7 @@ pub struct Retry(pub String);
 pub struct Core {
     node: Arc<RaftNode>,
     runtime: Arc<LeaderRuntime>,
-    client_id: u64,
-    seq: AtomicU64,
+    lanes: Lanes,
     leader_wait: Duration,
     max_message_bytes: usize,
 }
@@ -60,8 +62,7 @@ impl Core {
         Core {
             node,
             runtime: Arc::new(LeaderRuntime::default()),
-            client_id: rand::random::<u64>() | 1,
-            seq: AtomicU64::new(0),
+            lanes: Lanes::new(),
             leader_wait,
             max_message_bytes,
         }
@@ -77,14 +78,20 @@ impl Core {
         &self.runtime
     }
 
-    /// Gives `u` an origin if it has none.
-    pub fn stamp_origin(&self, u: &mut Update) {
-        if u.origin.is_none() {
-            u.origin = Some(Origin {
-                client_id: self.client_id,
-                seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
-            });
+    /// Gives `u` an origin on a lane of its own if it has none; the lane is
+    /// held until the returned guard drops (when the call is over).
+    pub fn stamp_origin(&self, u: &mut Update) -> Option<Lane> {
+        if u.origin.is_some() {
+            return None;
         }
+        let lane = self.lanes.checkout();
+        let o = lane.origin();
+        u.origin = Some(Origin {
+            client_id: o.client_id,
+            seq: o.seq,
+            done_below: o.done_below,
+        });
+        Some(lane)
     }
 
     /// Where the next attempt goes, or why it must wait.
@@ -159,7 +166,7 @@ impl Core {
     /// Proposes `u` (stamping origin and, on the leader, time) and returns its
     /// outcome once applied.
     pub async fn propose(&self, mut u: Update, may_forward: bool) -> Result<Applied, Status> {
-        self.stamp_origin(&mut u);
+        let _lane = self.stamp_origin(&mut u);
         let bytes = u.encode_to_vec();
         let u = &u;
         self.on_leader(
@@ -196,22 +203,21 @@ impl Core {
         .await
     }
 
-    /// Waits until this node (the leader) may serve a linearizable read.
-    pub async fn read_barrier(&self) -> Result<(), Retry> {
+    /// Waits until this node (the leader) may serve a linearizable read;
+    /// returns the read index (applied here already).
+    pub async fn read_barrier(&self) -> Result<u64, Retry> {
         self.node
             .read_barrier()
             .await
             .map_err(|e| Retry(e.to_string()))
     }
 
-    /// The leader's read index: an applied index whose state is safe to read.
+    /// The leader's read index: a log index whose state is safe to read
+    /// once applied (the leader has applied it when it answers).
     pub async fn read_index(&self, may_forward: bool) -> Result<u64, Status> {
         self.on_leader(
             may_forward,
-            || async {
-                self.read_barrier().await?;
-                Ok(self.applied_index())
-            },
+            || async { self.read_barrier().await },
             |mut c| async move {
                 Ok(c.read_index(forwarded(ReadIndexRequest {}))
                     .await?
@@ -275,6 +281,34 @@ impl Core {
         }
     }
 
+    /// How long after it last knew a leader with a quorum this node may still
+    /// vouch for a task's liveness on its own (and the leader for itself): a
+    /// quarter of the heartbeat timeout, and at least two election timeouts
+    /// (what an election takes here, so heartbeats ride through one) as far
+    /// as half the heartbeat timeout allows. The majority declares a task
+    /// dead after the whole heartbeat timeout; a cut-off node stops vouching
+    /// well before.
+    pub fn local_answer_window(&self) -> Duration {
+        let hb = Duration::from_millis(
+            self.node
+                .state()
+                .read(|s| s.config().map_or(0, |c| c.heartbeat_timeout_ms)),
+        );
+        let election = 2 * self.node.election_timeout();
+        if hb.is_zero() {
+            return election;
+        }
+        (hb / 4).max(election.min(hb / 2))
+    }
+
+    /// Whether this node knew a leader with a quorum within
+    /// [`Core::local_answer_window`].
+    pub fn leader_heard_recently(&self) -> bool {
+        self.node
+            .leader_contact_age()
+            .is_some_and(|age| age <= self.local_answer_window())
+    }
+
     /// Delivers a task's heartbeat to the leader runtime.
     pub async fn heartbeat(
         &self,
@@ -284,7 +318,7 @@ impl Core {
     ) -> Result<Result<(), DomainError>, Status> {
         self.on_leader(
             may_forward,
-            || async { Ok(self.runtime.heartbeat(self, task, incarnation).await) },
+            || async { self.runtime.heartbeat(self, task, incarnation).await },
             |mut c| async move {
                 let reply = c
                     .heartbeat(forwarded(HeartbeatRequest { task, incarnation }))

@@ -13,7 +13,7 @@ use journal::pb::{update::Command, BarrierExpire, Heartbeat, TasksUnhealthy};
 use journal::{DomainError, HeartbeatCheck, Update};
 use raft::Role;
 
-use crate::core::{now_ms, Core};
+use crate::core::{now_ms, Core, Retry};
 
 /// Timer granularity of the leader runtime.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -37,13 +37,21 @@ impl LeaderRuntime {
     }
 
     /// Handles a heartbeat on the leader: checks it against the state and
-    /// records it, or proposes the update an incarnation mismatch needs.
+    /// records it, or proposes the update an incarnation mismatch needs. A
+    /// leader that has not heard from a quorum within the local answer
+    /// window (cut off from the majority) answers nothing: the caller waits
+    /// for a leader that can.
     pub async fn heartbeat(
         &self,
         core: &Core,
         task: u32,
         incarnation: u64,
-    ) -> Result<(), DomainError> {
+    ) -> Result<Result<(), DomainError>, Retry> {
+        if !core.leader_heard_recently() {
+            return Err(Retry(
+                "this leader has not heard from a quorum recently".into(),
+            ));
+        }
         let check = |core: &Core| {
             core.node()
                 .state()
@@ -60,7 +68,7 @@ impl LeaderRuntime {
                 verdict = check(core);
             }
         }
-        match verdict {
+        Ok(match verdict {
             HeartbeatCheck::Accept => {
                 self.touch(task);
                 Ok(())
@@ -77,7 +85,7 @@ impl LeaderRuntime {
                     Err(_) => Err(e),
                 }
             }
-        }
+        })
     }
 
     /// Runs the timers while this node is the leader; idles otherwise.

@@ -42,7 +42,7 @@ pub fn open(
     let sled = SledBackend::open(dir, cache_bytes, identity)?;
     let marker = sled.committed_marker();
     let backend: Arc<dyn Backend> = Arc::new(sled);
-    let log = LogStore::new(backend.clone());
+    let log = LogStore::new(backend.clone(), identity.node_id);
     log.check_readable().map_err(|r| OpenError::new(dir, r))?;
     let sm = StateMachine::open(backend).map_err(|r| OpenError::new(dir, r))?;
     let have = log

@@ -47,11 +47,12 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
 #[derive(Clone)]
 pub struct LogStore {
     backend: Arc<dyn Backend>,
+    node_id: NodeId,
 }
 
 impl LogStore {
-    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
-        LogStore { backend }
+    pub(crate) fn new(backend: Arc<dyn Backend>, node_id: NodeId) -> Self {
+        LogStore { backend, node_id }
     }
 
     fn meta<T: DeserializeOwned>(
@@ -111,7 +112,7 @@ impl LogStore {
 
     /// The highest log index this store can account for: its last entry, or
     /// the last purged one.
-    pub(crate) fn last_index(&self) -> Result<u64, String> {
+    pub fn last_index(&self) -> Result<u64, String> {
         let last = match self.backend.log_last() {
             Ok(Some((i, _))) => i,
             Ok(None) => 0,
@@ -122,6 +123,21 @@ impl LogStore {
             .map_err(|e| format!("cannot read the log metadata: {e}"))?
             .map_or(0, |l| l.index);
         Ok(last.max(purged))
+    }
+
+    /// Whether the stored vote is this node's own leadership (a committed
+    /// vote for itself): it led when it stopped. [`RaftLogStorage::read_vote`]
+    /// hands openraft that vote uncommitted, so the node starts as a follower;
+    /// it may campaign at once.
+    pub fn led_when_stopped(&self) -> Result<bool, String> {
+        let vote: Option<Vote<NodeId>> = self
+            .meta(VOTE_KEY, ErrorSubject::Vote)
+            .map_err(|e| format!("cannot read the vote: {e}"))?;
+        Ok(vote.is_some_and(|v| self.is_own_leadership(&v)))
+    }
+
+    fn is_own_leadership(&self, v: &Vote<NodeId>) -> bool {
+        v.is_committed() && v.leader_id().voted_for() == Some(self.node_id)
     }
 
     /// Checks the first and last stored entries decode (start-up sanity).
@@ -197,8 +213,30 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
     }
 
+    /// The saved vote, except that this node's own committed vote comes back
+    /// uncommitted (in memory only; what is stored stays as it is).
+    ///
+    /// openraft 0.9 restores a node whose saved vote is committed and its own
+    /// straight back as leader of that term (`Engine::startup`), appending no
+    /// new entry, with the commit index read from disk (`get_initial_state`)
+    /// — which `save_committed` does not flush, so after a crash it can be
+    /// behind the last entry the node had acknowledged. A read served before
+    /// the first replication round trip would then miss acknowledged writes
+    /// (openraft issue #1511; fixed upstream after 0.9 by
+    /// `Config::enable_leader_restore`). The uncommitted vote for itself in
+    /// the same term is equally binding (no other candidate of that term can
+    /// get this node's vote) but is not leadership: the node starts as a
+    /// follower, campaigns in a higher term, and commits a fresh blank entry
+    /// before it serves anything.
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.meta(VOTE_KEY, ErrorSubject::Vote)
+        let vote: Option<Vote<NodeId>> = self.meta(VOTE_KEY, ErrorSubject::Vote)?;
+        Ok(vote.map(|v| {
+            if self.is_own_leadership(&v) {
+                Vote::new(v.leader_id().get_term(), self.node_id)
+            } else {
+                v
+            }
+        }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {

@@ -15,6 +15,9 @@ Subcommands:
         acknowledged write to --acked; verify all acked keys at the end.
   hold  connect, start a blocking call (barrier / get / set), print READY
         while it is in flight, print its result as JSON.
+  alive connect, print READY, then for --seconds either idle (heartbeats
+        only) or, with --kv, set and read back a key every --pause-ms,
+        printing an "alive_round" line per round; exits without shutdown.
 
 The client is `jaxlib._jax.get_distributed_runtime_client`:
 
@@ -762,6 +765,41 @@ def run_hold(args) -> int:
 
 
 # --------------------------------------------------------------------------
+# alive
+
+
+def run_alive(args) -> int:
+    c = make_client(args)
+    k, ns = args.node_id, args.namespace
+    c.connect()
+    with _out_lock:
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+    t0 = time.monotonic()
+    r = 0
+    while time.monotonic() - t0 < args.seconds:
+        if args.kv:
+            key, val = f"{ns}/alive/t{k}/{r}", f"r{r}"
+            try:
+                c.key_value_set(key, val, True)
+                got = c.blocking_key_value_get(key, args.timeout_ms)
+            except Exception as e:  # noqa: BLE001
+                emit({"check": "alive", "ok": False,
+                      "detail": {"task": k, "round": r, "code": error_code(e), "error": short(e)}})
+                return 1
+            if got != val:
+                emit({"check": "alive", "ok": False,
+                      "detail": {"task": k, "round": r, "got": got, "want": val}})
+                return 1
+            emit({"check": "alive_round", "ok": True, "round": r,
+                  "t": round(time.monotonic() - t0, 2)})
+            r += 1
+        time.sleep(args.pause_ms / 1000)
+    emit({"check": "alive", "ok": True, "detail": {"task": k, "rounds": r}})
+    return 0
+
+
+# --------------------------------------------------------------------------
 # CLI
 
 
@@ -817,8 +855,14 @@ def main(argv=None) -> int:
                     help="print READY after connect, run the actions after a line on stdin")
     sp.add_argument("--no-shutdown", action="store_true", help="exit without client.shutdown()")
 
+    sp = sub.add_parser("alive", help="stay connected (optionally looping KV) for --seconds")
+    common(sp, None)
+    sp.add_argument("--seconds", type=float, required=True)
+    sp.add_argument("--kv", action="store_true", help="set and read back a key every round")
+    sp.add_argument("--pause-ms", type=float, default=200, help="pause between rounds")
+
     args = p.parse_args(argv)
-    if args.deadline is None:  # loop
+    if args.deadline is None:  # loop, alive
         args.deadline = args.seconds + 120
     if not (0 <= args.node_id < args.num_tasks):
         p.error("--node-id must be in 0..num-tasks-1")
@@ -828,6 +872,8 @@ def main(argv=None) -> int:
         rc = Ops(args).run()
     elif args.cmd == "loop":
         rc = run_loop(args)
+    elif args.cmd == "alive":
+        rc = run_alive(args)
     else:
         rc = run_hold(args)
     sys.stdout.flush()

@@ -179,7 +179,8 @@ impl Cluster {
     }
 
     /// Starts nodes at `addrs` (ids 1..); `extra` flags go to every node and
-    /// `per_node(i)` flags to node index `i`. Raft timing is the tests'
+    /// `per_node(i)` flag/value pairs to node index `i` (replacing the value
+    /// of a flag given already). Raft timing is the tests'
     /// (100 ms heartbeat, 800 ms election timeout) unless `extra` sets
     /// `--raft-heartbeat-ms` / `--election-timeout-ms` itself.
     pub fn start_at(
@@ -218,7 +219,6 @@ impl Cluster {
                 }
             }
             args.extend(extra.iter().map(|s| s.to_string()));
-            args.extend(per_node(i));
             let mut node = NodeProc {
                 id,
                 addr: addr.clone(),
@@ -228,6 +228,9 @@ impl Cluster {
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,
             };
+            for pair in per_node(i).chunks(2) {
+                node.set_arg(&pair[0], pair.get(1).map_or("", String::as_str));
+            }
             node.spawn();
             nodes.push(node);
         }
@@ -445,6 +448,8 @@ impl Writer {
             origin: Some(Origin {
                 client_id: self.client_id,
                 seq: self.seq,
+                // One put at a time: every earlier one is done.
+                done_below: self.seq,
             }),
             command: Some(Cmd::KvInsert(KvInsert {
                 key: key.into(),

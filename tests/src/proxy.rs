@@ -74,3 +74,56 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// The peer links of a cluster, each through a proxy of its own (node i
+/// reaches node j through proxy (i, j)), so a node can be cut off from its
+/// peers both ways while its clients still reach it.
+pub struct Links {
+    proxies: std::collections::HashMap<(usize, usize), Proxy>,
+}
+
+impl Links {
+    /// Proxies for every ordered pair of the nodes at `addrs`.
+    pub async fn start(addrs: &[String]) -> Links {
+        let mut proxies = std::collections::HashMap::new();
+        for i in 0..addrs.len() {
+            for j in (0..addrs.len()).filter(|&j| j != i) {
+                proxies.insert((i, j), Proxy::start(&addrs[j]).await);
+            }
+        }
+        Links { proxies }
+    }
+
+    /// The `--peer-address` flag and value that route node `i`'s peer
+    /// traffic through its proxies (node ids are index + 1).
+    pub fn peer_flags(&self, i: usize) -> Vec<String> {
+        let mut spec: Vec<(usize, &str)> = self
+            .proxies
+            .iter()
+            .filter(|((from, _), _)| *from == i)
+            .map(|((_, to), p)| (*to, p.addr.as_str()))
+            .collect();
+        spec.sort();
+        let spec: Vec<String> = spec
+            .into_iter()
+            .map(|(to, addr)| format!("{}={addr}", to + 1))
+            .collect();
+        vec!["--peer-address".to_string(), spec.join(",")]
+    }
+
+    /// Cuts every link to and from node `i`.
+    pub fn isolate(&self, i: usize) {
+        for ((from, to), p) in &self.proxies {
+            if *from == i || *to == i {
+                p.cut();
+            }
+        }
+    }
+
+    /// Heals every link.
+    pub fn heal(&self) {
+        for p in self.proxies.values() {
+            p.heal();
+        }
+    }
+}

@@ -84,18 +84,24 @@ impl Default for Origins {
 }
 
 impl Origins {
-    /// The next origin.
+    /// The next origin (one call at a time: every earlier one is done).
     pub fn take(&mut self) -> Origin {
         self.seq += 1;
         Origin {
             client_id: self.client_id,
             seq: self.seq,
+            done_below: self.seq,
         }
     }
 
     /// As the `x-coordstore-origin` header value.
     pub fn header(o: &Origin) -> String {
-        format!("{}:{}", o.client_id, o.seq)
+        proto::origin::WireOrigin {
+            client_id: o.client_id,
+            seq: o.seq,
+            done_below: o.done_below,
+        }
+        .header_value()
     }
 }
 

@@ -192,3 +192,82 @@ fn jaxlib_clients_waiting_on_a_follower_survive_a_leader_kill() {
         .unwrap_or_default();
     assert!(got.contains("\"value\": \"V\""), "{}", getter.report());
 }
+
+/// Liveness comes from the majority. A jaxlib task whose node is cut off from
+/// the other two must not keep being told that all is well: once its node
+/// stops vouching (it no longer knows a leader with a quorum), its
+/// heartbeats wait for a leader, time out, and jaxlib ends the process,
+/// while the majority marks the task unhealthy. A task on the majority
+/// side is not disturbed, during the partition or after it heals (the job
+/// is recoverable, so the lost task's error is not propagated to it).
+#[test]
+fn a_jaxlib_client_on_a_cut_off_node_learns_its_fate_from_the_majority() {
+    use coordstore_tests::proxy::Links;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", coordstore_tests::free_port()))
+        .collect();
+    let links = rt.block_on(Links::start(&addrs));
+    let cluster = Cluster::start_at(
+        &addrs,
+        &[
+            "--tasks",
+            "2",
+            "--recoverable",
+            "true",
+            "--heartbeat-timeout-ms",
+            "4000",
+        ],
+        |i| links.peer_flags(i),
+    );
+    let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let (cut, majority) = ((leader + 1) % 3, (leader + 2) % 3);
+    let common = ["--heartbeat-timeout", "4", "--namespace", "cutoff"];
+    let spawn = |node: usize, task: usize, extra: &[&str]| {
+        let mut args: Vec<&str> = common.to_vec();
+        args.extend_from_slice(extra);
+        PyProc::spawn(
+            "jax_client.py",
+            &client_args("alive", &cluster.nodes[node].addr, task, 2, &args),
+            cluster.dir.path(),
+        )
+    };
+    let mut lone = spawn(cut, 0, &["--seconds", "90"]);
+    let mut kept = spawn(majority, 1, &["--seconds", "40", "--kv"]);
+    lone.wait_line("READY", WAIT);
+    kept.wait_line("READY", WAIT);
+    let rounds = |p: &PyProc| {
+        p.lines()
+            .iter()
+            .filter(|l| l.contains("\"alive_round\""))
+            .count()
+    };
+    let cut_at = std::time::Instant::now();
+    links.isolate(cut);
+    let at_cut = rounds(&kept);
+    // Heartbeat timeout 4 s: jaxlib heartbeats every 2 s with a 2 s
+    // deadline and gives up 1 s after a failed one.
+    let status = lone.wait_exit(Duration::from_secs(30));
+    let took = cut_at.elapsed();
+    assert!(
+        !status.success(),
+        "the cut-off task ended cleanly ({status}) instead of failing\n{}",
+        lone.report()
+    );
+    assert!(
+        rounds(&kept) > at_cut + 3,
+        "the majority-side task stalled during the partition\n{}\n{}",
+        kept.report(),
+        cluster.logs()
+    );
+    links.heal();
+    let at_heal = rounds(&kept);
+    let status = kept.wait_exit(RUN);
+    assert!(
+        status.success() && kept.failed_checks().is_empty() && rounds(&kept) > at_heal,
+        "{status}: the majority-side task was disturbed\n{}\n{}",
+        kept.report(),
+        cluster.logs()
+    );
+    eprintln!("the cut-off task ended {took:?} after the partition began");
+}

@@ -19,6 +19,7 @@ pub struct Opts {
     pub max_outcomes_per_client: u32,
     pub max_keys: u64,
     pub watch_history_bytes: u64,
+    pub session_horizon_ms: u64,
 }
 
 impl Default for Opts {
@@ -33,6 +34,7 @@ impl Default for Opts {
             max_outcomes_per_client: 0,
             max_keys: 0,
             watch_history_bytes: 0,
+            session_horizon_ms: 0,
         }
     }
 }
@@ -71,6 +73,7 @@ pub fn config_jobs(jobs: &[(&str, u32)], o: &Opts) -> ClusterConfig {
         max_outcomes_per_client: o.max_outcomes_per_client,
         max_keys: o.max_keys,
         watch_history_bytes: o.watch_history_bytes,
+        session_horizon_ms: o.session_horizon_ms,
     }
 }
 
@@ -93,10 +96,24 @@ pub fn apply(s: &mut State, cmd: Command, at: u64) -> Outcome {
 
 /// Applies `cmd` at time `at` with origin (client, seq).
 pub fn apply_from(s: &mut State, client: u64, seq: u64, cmd: Command, at: u64) -> Outcome {
+    apply_done(s, client, seq, 0, cmd, at)
+}
+
+/// Applies `cmd` at time `at` with origin (client, seq) declaring every seq
+/// below `done_below` done.
+pub fn apply_done(
+    s: &mut State,
+    client: u64,
+    seq: u64,
+    done_below: u64,
+    cmd: Command,
+    at: u64,
+) -> Outcome {
     s.apply(&Update {
         origin: Some(Origin {
             client_id: client,
             seq,
+            done_below,
         }),
         at_ms: at,
         command: Some(cmd),
