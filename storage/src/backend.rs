@@ -1,7 +1,19 @@
 //! The storage crate's own interface to the disk ([`Backend`]) and its sled
 //! implementation. Raft safety rests on three rules kept here: an append is
-//! durable when `log_append` returns; a durable meta write is flushed before it
-//! returns; truncate and purge are single atomic batches.
+//! durable when `log_append` returns; a durable meta write is on stable
+//! storage before it returns; truncate and purge are single atomic batches,
+//! durable when they return.
+//!
+//! "Durable" means fdatasync'd. sled 0.34.7's `Db::flush` ends in
+//! `sync_file_range(WAIT_BEFORE | WRITE | WAIT_AFTER)` (`pagecache/iobuf.rs`),
+//! which neither flushes the device's write cache nor the file's size, and
+//! writes large values as separate blob files it never syncs
+//! (`pagecache/blob_io.rs`); only its background flusher calls `sync_all`,
+//! every 500 ms. So every durable write here is `flush` (the data reaches the
+//! file) followed by [`SledBackend::sync`]: the new blob files and their
+//! directory, then `fdatasync` of the database file, through a descriptor kept
+//! open for it. Opening a data dir makes sled's files and directory entries
+//! durable once.
 
 use std::io;
 use std::panic::AssertUnwindSafe;
@@ -10,7 +22,8 @@ use std::path::{Path, PathBuf};
 /// Durable key-value operations the log store and state machine need. sled is
 /// one implementation; another engine can replace it behind this trait.
 pub trait Backend: Send + Sync + 'static {
-    /// Writes `(index, bytes)` log records in one atomic batch and flushes.
+    /// Writes `(index, bytes)` log records in one atomic batch, durable when
+    /// it returns.
     fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()>;
     /// Records with `from <= index < to`, ascending.
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>>;
@@ -18,15 +31,18 @@ pub trait Backend: Send + Sync + 'static {
     fn log_last(&self) -> io::Result<Option<(u64, Vec<u8>)>>;
     /// The record with the lowest index.
     fn log_first(&self) -> io::Result<Option<(u64, Vec<u8>)>>;
-    /// Deletes every record with `index >= from` in one batch, then flushes.
+    /// Deletes every record with `index >= from` in one batch, durable when
+    /// it returns.
     fn log_truncate(&self, from: u64) -> io::Result<()>;
-    /// Deletes every record with `index <= upto` in one batch, then flushes.
+    /// Deletes every record with `index <= upto` in one batch, durable when
+    /// it returns.
     fn log_purge(&self, upto: u64) -> io::Result<()>;
     /// Reads a metadata value.
     fn meta_get(&self, key: &str) -> io::Result<Option<Vec<u8>>>;
-    /// Writes a metadata value; with `durable` it is flushed before returning.
+    /// Writes a metadata value; with `durable` it is on stable storage
+    /// (with everything written before it) when it returns.
     fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()>;
-    /// Flushes everything written so far.
+    /// Makes everything written so far durable.
     fn flush(&self) -> io::Result<()>;
     /// Notes, outside the database, that the log is committed up to `index`,
     /// so a start-up can tell when the database lost data it had (see
@@ -69,6 +85,11 @@ pub struct SledBackend {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// The database file, kept open to fdatasync it.
+    db_file: std::fs::File,
+    /// sled's blob directory and the blob files already synced.
+    blobs_dir: PathBuf,
+    synced_blobs: std::sync::Mutex<std::collections::HashSet<std::ffi::OsString>>,
     marker_path: PathBuf,
     marker: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
 }
@@ -126,15 +147,76 @@ impl SledBackend {
             db.open_tree(name)
                 .map_err(|e| OpenError::new(dir, format!("cannot open tree {name}: {e}")))
         };
+        let db_file = std::fs::File::open(dir.join("db"))
+            .map_err(|e| OpenError::new(dir, format!("cannot open the database file: {e}")))?;
         let backend = SledBackend {
             log: tree("log")?,
             meta: tree("meta")?,
             db,
+            db_file,
+            blobs_dir: dir.join("blobs"),
+            synced_blobs: Default::default(),
             marker_path: dir.join(MARKER_FILE),
             marker: std::sync::Mutex::new((0, None)),
         };
+        backend
+            .sync_files(dir)
+            .map_err(|e| OpenError::new(dir, format!("cannot sync the database: {e}")))?;
         backend.check_identity(dir, identity, fresh)?;
         Ok(backend)
+    }
+
+    /// Makes everything sled wrote so far durable: its buffers reach the
+    /// files (`flush`), then new blob files, the blob directory and the
+    /// database file are synced.
+    pub fn sync(&self) -> io::Result<()> {
+        self.db.flush()?;
+        self.sync_blobs()?;
+        self.db_file.sync_data()
+    }
+
+    /// fsyncs blob files not synced yet, then their directory if any was new.
+    fn sync_blobs(&self) -> io::Result<()> {
+        let entries = match std::fs::read_dir(&self.blobs_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut synced = self.synced_blobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut present = std::collections::HashSet::new();
+        let mut new = false;
+        for e in entries {
+            let e = e?;
+            let name = e.file_name();
+            if !synced.contains(&name) {
+                match std::fs::File::open(e.path()) {
+                    Ok(f) => f.sync_all()?,
+                    // Collected by sled meanwhile.
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                    Err(err) => return Err(err),
+                }
+                new = true;
+            }
+            present.insert(name);
+        }
+        if new {
+            sync_dir(&self.blobs_dir)?;
+        }
+        *synced = present;
+        Ok(())
+    }
+
+    /// At open: sled's configuration, database, blobs and the directory
+    /// entries naming them, and the data dir's own entry, made durable (sled
+    /// writes its `conf` without a sync).
+    fn sync_files(&self, dir: &Path) -> io::Result<()> {
+        std::fs::File::open(dir.join("conf"))?.sync_all()?;
+        self.sync()?;
+        sync_dir(dir)?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+        Ok(())
     }
 
     /// The committed index noted in the marker file (0 if none). sled silently
@@ -187,6 +269,11 @@ impl SledBackend {
     }
 }
 
+/// fsyncs a directory (its entries).
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
 fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -210,8 +297,7 @@ impl Backend for SledBackend {
             batch.insert(&key(*i), bytes.as_slice());
         }
         self.log.apply_batch(batch)?;
-        self.db.flush()?;
-        Ok(())
+        self.sync()
     }
 
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {
@@ -235,8 +321,7 @@ impl Backend for SledBackend {
             batch.remove(k?);
         }
         self.log.apply_batch(batch)?;
-        self.db.flush()?;
-        Ok(())
+        self.sync()
     }
 
     fn log_purge(&self, upto: u64) -> io::Result<()> {
@@ -245,8 +330,7 @@ impl Backend for SledBackend {
             batch.remove(k?);
         }
         self.log.apply_batch(batch)?;
-        self.db.flush()?;
-        Ok(())
+        self.sync()
     }
 
     fn meta_get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
@@ -256,14 +340,13 @@ impl Backend for SledBackend {
     fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()> {
         self.meta.insert(key, value)?;
         if durable {
-            self.db.flush()?;
+            self.sync()?;
         }
         Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.db.flush()?;
-        Ok(())
+        self.sync()
     }
 
     fn note_committed(&self, index: u64) {

@@ -4,6 +4,7 @@
 //! on free 127.0.0.1 ports, kills them (also when the test panics, and via
 //! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
 
+pub mod lazyfs;
 pub mod proxy;
 pub mod workload;
 
@@ -188,7 +189,26 @@ impl Cluster {
         extra: &[&str],
         per_node: impl Fn(usize) -> Vec<String>,
     ) -> Cluster {
+        Self::start_with(addrs, extra, per_node, None)
+    }
+
+    /// Starts `n` nodes whose data dirs live under `data_root` (logs stay
+    /// in the cluster's temp dir).
+    pub fn start_on(n: usize, extra: &[&str], data_root: &std::path::Path) -> Cluster {
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        Self::start_with(&addrs, extra, |_| Vec::new(), Some(data_root))
+    }
+
+    fn start_with(
+        addrs: &[String],
+        extra: &[&str],
+        per_node: impl Fn(usize) -> Vec<String>,
+        data_root: Option<&std::path::Path>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
+        let data_root = data_root.unwrap_or(dir.path()).to_path_buf();
         let cluster = addrs
             .iter()
             .enumerate()
@@ -198,7 +218,7 @@ impl Cluster {
         let mut nodes = Vec::new();
         for (i, addr) in addrs.iter().enumerate() {
             let id = i as u64 + 1;
-            let data_dir = dir.path().join(format!("node{id}"));
+            let data_dir = data_root.join(format!("node{id}"));
             let mut args: Vec<String> = vec![
                 "--node-id".into(),
                 id.to_string(),
@@ -272,6 +292,16 @@ impl Cluster {
     /// SIGKILLs node `i` (index, not id).
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].kill();
+    }
+
+    /// SIGKILLs every node at once (all signalled before any is waited for).
+    pub fn kill_all(&mut self) {
+        for n in &self.nodes {
+            n.signal(libc::SIGKILL);
+        }
+        for n in &mut self.nodes {
+            n.kill();
+        }
     }
 
     /// Starts node `i` again with its data dir.

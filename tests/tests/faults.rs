@@ -133,6 +133,53 @@ async fn the_whole_cluster_killed_and_restarted() {
     .await;
 }
 
+/// Power cuts: every node's data dir sits on a file system that drops all
+/// writes not fsynced when the power goes (`lazyfs`), and power is cut to
+/// all three nodes at once in the middle of the write load, repeatedly.
+/// Every acknowledged write must be there after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_to_the_whole_cluster() {
+    use coordstore_tests::lazyfs::LazyFs;
+    use std::sync::{Arc, Mutex};
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let (backing, mnt) = (scratch.path().join("disk"), scratch.path().join("mnt"));
+    let fs = LazyFs::mount(&backing, &mnt)
+        .expect("mounting the lazy FUSE file system (needs /dev/fuse and root)");
+    let fs = Arc::new(Mutex::new(Some(fs)));
+    let power = fs.clone();
+    let cluster = Cluster::start_on(3, &["--tasks", "3"], &mnt);
+    scenario_on(cluster, |mut cluster, phase| async move {
+        let end = tokio::time::Instant::now() + phase;
+        let mut cuts = 0;
+        while tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            cluster.kill_all();
+            let lost = power
+                .lock()
+                .unwrap()
+                .take()
+                .expect("mounted")
+                .power_cut()
+                .expect("power cut");
+            assert!(
+                lost.fsyncs > 0,
+                "no fsync reached the file system: {lost:?}"
+            );
+            cuts += 1;
+            eprintln!("power cut {cuts}: {lost:?}");
+            *power.lock().unwrap() = Some(LazyFs::mount(&backing, &mnt).expect("remount"));
+            for i in 0..3 {
+                cluster.restart(i);
+            }
+            cluster.wait_leader(&[0, 1, 2], WAIT).await;
+        }
+        cluster
+    })
+    .await;
+    // (The nodes are gone; unmount.)
+    drop(fs.lock().unwrap().take());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_isolating_the_leader_then_healing() {
     let addrs: Vec<String> = (0..3)
