@@ -33,7 +33,9 @@ unpack() {
 
 ETCD_DIR="$ROOT/target/etcd"
 ETCD="$ETCD_DIR/usr/bin/etcd"
-is_34() { [[ -x "$ETCD" ]] && "$ETCD" --version 2>/dev/null | grep -q '^etcd Version: 3\.4\.'; }
+# (Output captured first: with pipefail, `etcd --version | grep -q` fails
+# whenever grep exits before etcd has written everything.)
+is_34() { [[ -x "$ETCD" ]] && [[ "$("$ETCD" --version 2>/dev/null)" == *"etcd Version: 3.4."* ]]; }
 if ! is_34; then
     unpack "$ETCD_DIR" etcd-server etcd-client
     is_34 || { log "ERROR: unpacked etcd is not 3.4: $("$ETCD" --version 2>&1 | head -1)"; exit 1; }

@@ -15,6 +15,10 @@ pub struct RaftSettings {
     pub election_timeout_max_ms: u64,
     /// Build a snapshot after this many entries since the last one.
     pub snapshot_every_entries: u64,
+    /// Also build one once this many bytes of log payload were applied since
+    /// the last (0 = by entries only). The log lives in sled until a
+    /// snapshot lets it be purged, and sled keeps it in memory.
+    pub snapshot_log_bytes: u64,
     /// Entries kept in the log behind a snapshot (for lagging followers).
     pub keep_entries_behind_snapshot: u64,
     /// Most updates the write batcher packs into one entry.
@@ -36,7 +40,8 @@ impl Default for RaftSettings {
             election_timeout_min_ms: 250,
             election_timeout_max_ms: 750,
             snapshot_every_entries: 50_000,
-            keep_entries_behind_snapshot: 1000,
+            snapshot_log_bytes: 8 << 20,
+            keep_entries_behind_snapshot: 100,
             max_batch_updates: 4096,
             max_batch_bytes: 32 << 20,
             max_inflight_batches: 2,
@@ -72,7 +77,9 @@ impl RaftSettings {
             // Keep replication streaming (not snapshotting) for lagging peers
             // up to the snapshot interval.
             replication_lag_threshold: self.snapshot_every_entries.max(5000),
-            purge_batch_size: 256,
+            // Purging is considered after each snapshot only: purge then
+            // whatever the snapshot covers beyond the entries kept.
+            purge_batch_size: 1,
             ..Default::default()
         };
         config

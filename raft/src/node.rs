@@ -74,6 +74,21 @@ impl Role {
     }
 }
 
+/// Triggers a snapshot whenever `limit` bytes of log payload were applied
+/// since the last one (openraft's own policy counts entries only, and a
+/// batched entry can carry megabytes). While a build runs, openraft ignores
+/// the trigger.
+async fn snapshot_by_bytes(raft: Raft, state: StateHandle, limit: u64) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if state.log_bytes_since_snapshot() >= limit && raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Keeps `contact`'s voter set in step with the membership.
 async fn track_voters(raft: Raft, contact: Arc<Contact>) {
     let mut rx = raft.metrics();
@@ -149,6 +164,13 @@ impl RaftNode {
             }
         }
         tokio::spawn(track_voters(raft.clone(), contact.clone()));
+        if cfg.settings.snapshot_log_bytes > 0 {
+            tokio::spawn(snapshot_by_bytes(
+                raft.clone(),
+                state.clone(),
+                cfg.settings.snapshot_log_bytes,
+            ));
+        }
         let writes = batcher::spawn(raft.clone(), &cfg.settings, state.clone());
         let reads = reads::spawn(raft.clone(), state.clone(), read_floor);
         Ok(Arc::new(RaftNode {

@@ -88,7 +88,10 @@ pub struct ServeOptions {
     /// Snapshot after this many log entries [default: 50000]
     #[arg(long)]
     pub snapshot_every: Option<u64>,
-    /// Log entries kept behind a snapshot [default: 1000]
+    /// Also snapshot after this many bytes of log since the last one; 0 = by entries only [default: 8388608]
+    #[arg(long)]
+    pub snapshot_log_bytes: Option<u64>,
+    /// Log entries kept behind a snapshot [default: 100]
     #[arg(long)]
     pub keep_behind_snapshot: Option<u64>,
     /// Raft heartbeat interval [default: 100]
@@ -186,6 +189,7 @@ impl ServeOptions {
             watch_history_bytes,
             cache_bytes,
             snapshot_every,
+            snapshot_log_bytes,
             keep_behind_snapshot,
             raft_heartbeat_ms,
             election_timeout_ms,
@@ -260,6 +264,9 @@ impl ServeOptions {
         let mut raft = raft::RaftSettings::default();
         if let Some(v) = self.snapshot_every {
             raft.snapshot_every_entries = v.max(1);
+        }
+        if let Some(v) = self.snapshot_log_bytes {
+            raft.snapshot_log_bytes = v;
         }
         if let Some(v) = self.keep_behind_snapshot {
             raft.keep_entries_behind_snapshot = v;

@@ -44,6 +44,14 @@ pub trait Backend: Send + Sync + 'static {
     fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()>;
     /// Makes everything written so far durable.
     fn flush(&self) -> io::Result<()>;
+    /// Removes a metadata value (not synced: a later durable write carries it).
+    fn meta_remove(&self, key: &str) -> io::Result<()>;
+    /// Replaces the snapshot with `meta` (an opaque record) and `data`,
+    /// durably and atomically: after a crash either the old or the new one
+    /// is there, whole.
+    fn snapshot_put(&self, meta: &[u8], data: &[u8]) -> io::Result<()>;
+    /// The snapshot stored by [`Backend::snapshot_put`]: (meta, data).
+    fn snapshot_get(&self) -> io::Result<Option<(Vec<u8>, Vec<u8>)>>;
     /// Notes, outside the database, that the log is committed up to `index`,
     /// so a start-up can tell when the database lost data it had (see
     /// [`SledBackend::committed_marker`]). May be throttled.
@@ -92,10 +100,16 @@ pub struct SledBackend {
     synced_blobs: std::sync::Mutex<std::collections::HashSet<std::ffi::OsString>>,
     marker_path: PathBuf,
     marker: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
+    dir: PathBuf,
 }
 
 /// File beside the database holding the highest committed index noted.
 const MARKER_FILE: &str = "COMMITTED";
+/// File beside the database holding the snapshot. Snapshots stay out of
+/// sled: sled would keep the whole value in its page cache.
+const SNAPSHOT_FILE: &str = "snapshot";
+/// First bytes of a snapshot file (format version 1).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"CSSNAP1\n";
 /// How often the committed marker is rewritten at most.
 const MARKER_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -158,6 +172,7 @@ impl SledBackend {
             synced_blobs: Default::default(),
             marker_path: dir.join(MARKER_FILE),
             marker: std::sync::Mutex::new((0, None)),
+            dir: dir.to_path_buf(),
         };
         backend
             .sync_files(dir)
@@ -269,6 +284,48 @@ impl SledBackend {
     }
 }
 
+fn corrupted(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.into())
+}
+
+/// Decodes a snapshot file: magic, meta length (u64 LE), meta, data length
+/// (u64 LE), data, CRC-32 of everything before it (u32 LE).
+fn decode_snapshot_file(mut raw: Vec<u8>) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    let body_len = raw
+        .len()
+        .checked_sub(4)
+        .ok_or_else(|| corrupted("the snapshot file is truncated"))?;
+    let crc = u32::from_le_bytes(raw[body_len..].try_into().expect("4 bytes"));
+    if crc32fast::hash(&raw[..body_len]) != crc {
+        return Err(corrupted("the snapshot file fails its checksum"));
+    }
+    let body = &raw[..body_len];
+    let field = |at: usize| -> io::Result<(usize, usize)> {
+        let len = body
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+            .ok_or_else(|| corrupted("the snapshot file is truncated"))?;
+        let start = at + 8;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= body.len())
+            .ok_or_else(|| corrupted("the snapshot file is truncated"))?;
+        Ok((start, end))
+    };
+    if !body.starts_with(SNAPSHOT_MAGIC) {
+        return Err(corrupted("the snapshot file has an unknown format"));
+    }
+    let (ms, me) = field(SNAPSHOT_MAGIC.len())?;
+    let (ds, de) = field(me)?;
+    if de != body.len() {
+        return Err(corrupted("the snapshot file has trailing bytes"));
+    }
+    let meta = raw[ms..me].to_vec();
+    raw.truncate(de);
+    raw.drain(..ds);
+    Ok((meta, raw))
+}
+
 /// fsyncs a directory (its entries).
 fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
@@ -347,6 +404,37 @@ impl Backend for SledBackend {
 
     fn flush(&self) -> io::Result<()> {
         self.sync()
+    }
+
+    fn meta_remove(&self, key: &str) -> io::Result<()> {
+        self.meta.remove(key)?;
+        Ok(())
+    }
+
+    fn snapshot_put(&self, meta: &[u8], data: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut crc = crc32fast::Hasher::new();
+        let meta_len = (meta.len() as u64).to_le_bytes();
+        let data_len = (data.len() as u64).to_le_bytes();
+        for part in [&SNAPSHOT_MAGIC[..], &meta_len, meta, &data_len, data] {
+            crc.update(part);
+            f.write_all(part)?;
+        }
+        f.write_all(&crc.finalize().to_le_bytes())?;
+        let f = f.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
+        sync_dir(&self.dir)
+    }
+
+    fn snapshot_get(&self) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+        match std::fs::read(self.dir.join(SNAPSHOT_FILE)) {
+            Ok(raw) => decode_snapshot_file(raw).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn note_committed(&self, index: u64) {

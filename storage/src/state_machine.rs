@@ -1,13 +1,22 @@
 //! The state machine: `journal::State` in memory, snapshots on the
 //! [`Backend`]. At start it is rebuilt from the newest snapshot; openraft then
 //! re-applies the committed log after it (journal replay).
+//!
+//! A snapshot is encoded once, under the read lock, when openraft asks for a
+//! builder (serialised with `apply`, so it is a point-in-time view without a
+//! copy of the state), written to its own file (not into sled, whose cache
+//! would keep it), and handed to openraft without another copy. The log
+//! bytes applied since the last snapshot are counted, so that the node can
+//! also snapshot by log size.
 
 use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use journal::State;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -17,7 +26,9 @@ use crate::types::{
     Entry, LogId, Outcomes, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 
-const SNAPSHOT_KEY: &str = "snapshot";
+/// Where snapshots lived in sled before they got their own file; still read
+/// at start, and removed once a newer snapshot is stored.
+const LEGACY_SNAPSHOT_KEY: &str = "snapshot";
 
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
@@ -35,6 +46,8 @@ struct SmData {
 struct Shared {
     data: RwLock<SmData>,
     applied: watch::Sender<u64>,
+    /// Encoded log payload bytes applied since the last snapshot began.
+    log_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -77,13 +90,19 @@ impl StateHandle {
     pub fn digest_hex(&self) -> String {
         self.read(|s| s.digest_hex())
     }
+
+    /// Bytes of log payload applied since the last snapshot was started.
+    pub fn log_bytes_since_snapshot(&self) -> u64 {
+        self.0.log_bytes.load(Ordering::Relaxed)
+    }
 }
 
 /// The state machine of one node.
 pub struct StateMachine {
     shared: Arc<Shared>,
     backend: Arc<dyn Backend>,
-    snapshot_guard: Arc<Mutex<()>>,
+    /// The last log id of the stored snapshot; serialises storing.
+    stored: Arc<Mutex<Option<LogId>>>,
     snapshot_seq: u64,
 }
 
@@ -91,7 +110,8 @@ impl StateMachine {
     /// Loads the newest snapshot, if any, from `backend`.
     pub(crate) fn open(backend: Arc<dyn Backend>) -> Result<Self, String> {
         let mut data = SmData::default();
-        if let Some(stored) = load_snapshot(backend.as_ref())? {
+        let stored = load_snapshot(backend.as_ref())?;
+        if let Some(stored) = &stored {
             data.state = State::decode_snapshot(&stored.data)
                 .map_err(|e| format!("the snapshot is corrupted: {e}"))?;
             data.last_applied = stored.meta.last_log_id;
@@ -103,9 +123,10 @@ impl StateMachine {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
                 applied: tx,
+                log_bytes: AtomicU64::new(0),
             }),
             backend,
-            snapshot_guard: Arc::new(Mutex::new(())),
+            stored: Arc::new(Mutex::new(stored.and_then(|s| s.meta.last_log_id))),
             snapshot_seq: 0,
         })
     }
@@ -116,8 +137,19 @@ impl StateMachine {
     }
 }
 
+/// The stored snapshot: its own file, or (data dirs of older versions) the
+/// sled record it used to be.
 fn load_snapshot(backend: &dyn Backend) -> Result<Option<StoredSnapshot>, String> {
-    match backend.meta_get(SNAPSHOT_KEY) {
+    match backend.snapshot_get() {
+        Err(e) => return Err(format!("cannot read the snapshot: {e}")),
+        Ok(Some((meta, data))) => {
+            let meta =
+                decode(&meta).map_err(|e| format!("the snapshot metadata is corrupted: {e}"))?;
+            return Ok(Some(StoredSnapshot { meta, data }));
+        }
+        Ok(None) => {}
+    }
+    match backend.meta_get(LEGACY_SNAPSHOT_KEY) {
         Err(e) => Err(format!("cannot read the snapshot: {e}")),
         Ok(None) => Ok(None),
         Ok(Some(raw)) => decode(&raw)
@@ -126,64 +158,55 @@ fn load_snapshot(backend: &dyn Backend) -> Result<Option<StoredSnapshot>, String
     }
 }
 
-/// Stores `snap` as the current snapshot unless a newer one is stored
-/// already. A build runs beside later applies and can finish after a newer
-/// snapshot was installed from the leader (and the log purged behind it);
-/// writing the older one over it would leave the node unable to restart.
-/// `guard` serialises the compare-and-write between builds and installs.
+/// Stores a snapshot unless a newer one is stored already. A build runs
+/// beside later applies and can finish after a newer snapshot was installed
+/// from the leader (and the log purged behind it); writing the older one
+/// over it would leave the node unable to restart. `stored` serialises the
+/// compare-and-write between builds and installs.
 async fn store_snapshot(
     backend: Arc<dyn Backend>,
-    guard: Arc<Mutex<()>>,
-    snap: StoredSnapshot,
-) -> Result<(), StorageError> {
-    let subject = ErrorSubject::Snapshot(Some(snap.meta.signature()));
-    let bytes = encode(&snap).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
-    let new_last = snap.meta.last_log_id;
+    stored: Arc<Mutex<Option<LogId>>>,
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+) -> Result<Vec<u8>, StorageError> {
+    let subject = ErrorSubject::Snapshot(Some(meta.signature()));
+    let meta_bytes = encode(&meta).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
+    let new_last = meta.last_log_id;
     blocking(move || {
-        let _g = guard.lock().unwrap_or_else(|p| p.into_inner());
-        if let Ok(Some(stored)) = load_snapshot(backend.as_ref()) {
-            if stored.meta.last_log_id > new_last {
-                return Ok(());
-            }
+        let mut current = stored.lock().unwrap_or_else(|p| p.into_inner());
+        if current.is_some() && *current > new_last {
+            return Ok(data);
         }
-        backend.meta_put(SNAPSHOT_KEY, &bytes, true)
+        backend.snapshot_put(&meta_bytes, &data)?;
+        // A snapshot of an older version's data dir lived in sled.
+        backend.meta_remove(LEGACY_SNAPSHOT_KEY)?;
+        *current = new_last;
+        Ok(data)
     })
     .await
-    .map_err(|e| io_err(subject, ErrorVerb::Write, e))
+    .map_err(|e: std::io::Error| io_err(subject, ErrorVerb::Write, e))
 }
 
-/// Builds a snapshot from a point-in-time copy taken when it was created.
+/// Builds a snapshot from the encoding taken when it was created.
 pub struct SnapshotBuilder {
-    copy: SmData,
+    meta: SnapshotMeta,
+    data: Vec<u8>,
     backend: Arc<dyn Backend>,
-    guard: Arc<Mutex<()>>,
-    seq: u64,
+    stored: Arc<Mutex<Option<LogId>>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let data = self.copy.state.encode_snapshot();
-        let last = self.copy.last_applied;
-        let snapshot_id = match last {
-            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.seq),
-            None => format!("--{}", self.seq),
-        };
-        let meta = SnapshotMeta {
-            last_log_id: last,
-            last_membership: self.copy.membership.clone(),
-            snapshot_id,
-        };
-        store_snapshot(
+        let data = std::mem::take(&mut self.data);
+        let data = store_snapshot(
             self.backend.clone(),
-            self.guard.clone(),
-            StoredSnapshot {
-                meta: meta.clone(),
-                data: data.clone(),
-            },
+            self.stored.clone(),
+            self.meta.clone(),
+            data,
         )
         .await?;
         Ok(Snapshot {
-            meta,
+            meta: self.meta.clone(),
             snapshot: Box::new(Cursor::new(data)),
         })
     }
@@ -219,6 +242,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 match entry.payload {
                     EntryPayload::Blank => responses.push(Outcomes::default()),
                     EntryPayload::Normal(p) => {
+                        self.shared
+                            .log_bytes
+                            .fetch_add(p.0.encoded_len() as u64, Ordering::Relaxed);
                         let outs = p.0.updates.iter().map(|u| d.state.apply(u)).collect();
                         responses.push(Outcomes(outs));
                     }
@@ -236,11 +262,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshot_seq += 1;
+        // Serialised with apply: encoding here is a point-in-time view.
+        let d = self.shared.read();
+        self.shared.log_bytes.store(0, Ordering::Relaxed);
+        let last = d.last_applied;
+        let snapshot_id = match last {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.snapshot_seq),
+            None => format!("--{}", self.snapshot_seq),
+        };
         SnapshotBuilder {
-            copy: self.shared.read().clone(),
+            meta: SnapshotMeta {
+                last_log_id: last,
+                last_membership: d.membership.clone(),
+                snapshot_id,
+            },
+            data: d.state.encode_snapshot(),
             backend: self.backend.clone(),
-            guard: self.snapshot_guard.clone(),
-            seq: self.snapshot_seq,
+            stored: self.stored.clone(),
         }
     }
 
@@ -259,13 +297,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             State::decode_snapshot(&data).map_err(|e| io_err(subject, ErrorVerb::Read, e))?;
         store_snapshot(
             self.backend.clone(),
-            self.snapshot_guard.clone(),
-            StoredSnapshot {
-                meta: meta.clone(),
-                data,
-            },
+            self.stored.clone(),
+            meta.clone(),
+            data,
         )
         .await?;
+        self.shared.log_bytes.store(0, Ordering::Relaxed);
         tracing::warn!(snapshot = %meta.snapshot_id, "installing a snapshot");
         let index = {
             let mut d = self.shared.write();

@@ -104,7 +104,7 @@ fn a_truncated_database_is_refused() {
 }
 
 #[test]
-fn a_corrupted_snapshot_is_refused() {
+fn a_corrupted_legacy_snapshot_record_is_refused() {
     let dir = TempDir::new().unwrap();
     {
         let (log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
@@ -121,6 +121,88 @@ fn a_corrupted_snapshot_is_refused() {
     }
     let err = open_err(dir.path(), &id("c1", 1));
     assert!(err.contains("snapshot record is corrupted"), "{err}");
+}
+
+/// Builds a snapshot of 10 applied entries in `dir`.
+async fn snapshot_of_ten(dir: &Path) {
+    let (log, mut sm) = storage::open(dir, 8 << 20, &id("c1", 1)).unwrap();
+    let entries: Vec<Entry> = (1..=10).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+    log.write_entries(entries.clone()).await.unwrap();
+    sm.apply(entries).await.unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupted_or_truncated_snapshot_file_is_refused() {
+    for (damage, why) in [
+        (0usize, "fails its checksum"),
+        (1, "fails its checksum"),
+        (2, "truncated"),
+    ] {
+        let dir = TempDir::new().unwrap();
+        snapshot_of_ten(dir.path()).await;
+        let path = dir.path().join("snapshot");
+        let mut raw = std::fs::read(&path).unwrap();
+        match damage {
+            0 => raw[20] ^= 0x40,
+            1 => {
+                let n = raw.len();
+                raw[n - 10] ^= 1;
+            }
+            _ => raw.truncate(3),
+        }
+        std::fs::write(&path, raw).unwrap();
+        let err = open_err(dir.path(), &id("c1", 1));
+        assert!(err.contains("snapshot") && err.contains(why), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_legacy_snapshot_record_loads_and_gives_way_to_the_next_snapshot() {
+    let dir = TempDir::new().unwrap();
+    snapshot_of_ten(dir.path()).await;
+    // Move the snapshot into sled's meta tree, where older versions kept it.
+    let (meta, data) = {
+        let raw = std::fs::read(dir.path().join("snapshot")).unwrap();
+        let meta_len = u64::from_le_bytes(raw[8..16].try_into().unwrap()) as usize;
+        let meta: storage::SnapshotMeta = bincode::deserialize(&raw[16..16 + meta_len]).unwrap();
+        let at = 16 + meta_len;
+        let data_len = u64::from_le_bytes(raw[at..at + 8].try_into().unwrap()) as usize;
+        (meta, raw[at + 8..at + 8 + data_len].to_vec())
+    };
+    std::fs::remove_file(dir.path().join("snapshot")).unwrap();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let record = bincode::serialize(&(&meta, &data)).unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("snapshot", record)
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    let (applied, _) = sm.applied_state().await.unwrap();
+    assert_eq!(applied.unwrap().index, 10);
+    assert!(sm.handle().read(|s| s.kv_get("k10").is_some()));
+    // The next snapshot goes to its own file and the record is dropped.
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    drop((_log, sm));
+    assert!(dir.path().join("snapshot").is_file());
+    let db = sled::open(dir.path()).unwrap();
+    assert!(db
+        .open_tree("meta")
+        .unwrap()
+        .get("snapshot")
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test]

@@ -170,3 +170,60 @@ fn a_data_dir_of_another_node_is_refused_with_its_path() {
     assert!(stderr.contains(&dir.display().to_string()), "{stderr}");
     assert!(stderr.contains("belongs to node 1"), "{stderr}");
 }
+
+/// The log is compacted by its size as well as by its entry count: with the
+/// entry policy out of reach, 200 KiB of writes against a 64 KiB bound make
+/// the node snapshot and purge, and a restart rebuilds the state from that
+/// snapshot (its own file) plus the log after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_snapshotted_by_bytes_and_replayed_from_that_snapshot() {
+    let mut cluster = Cluster::start(
+        1,
+        &[
+            "--snapshot-every",
+            "1000000",
+            "--snapshot-log-bytes",
+            "65536",
+            "--keep-behind-snapshot",
+            "10",
+        ],
+    );
+    cluster.wait_leader(&[0], WAIT).await;
+    let mut client = cluster.client(0, WAIT).await;
+    let mut writer = Writer::new();
+    let value = vec![b'v'; 1024];
+    for i in 0..200 {
+        writer
+            .put(&mut client, &format!("big/{i}"), &value, WAIT)
+            .await
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        let s = try_status(&cluster.nodes[0].addr).await.expect("status");
+        if s.snapshot_index > 0 && s.purged_index > 0 {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot by bytes: {s:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(cluster.nodes[0].data_dir.join("snapshot").is_file());
+    cluster.kill(0);
+    cluster.restart(0);
+    cluster.wait_leader(&[0], WAIT).await;
+    let mut client = cluster.client(0, WAIT).await;
+    assert_eq!(
+        coordstore_tests::kv_get(&mut client, "big/199").await,
+        Some(value.clone())
+    );
+    assert_eq!(
+        coordstore_tests::kv_keys(&mut client, "big").await.len(),
+        200
+    );
+    let after = try_status(&cluster.nodes[0].addr).await.unwrap();
+    assert!(after.snapshot_index >= status.snapshot_index, "{after:?}");
+}
