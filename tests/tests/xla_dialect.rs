@@ -611,3 +611,62 @@ async fn random_bytes_to_every_method_never_crash_the_node() {
     let mut cluster = cluster;
     assert!(cluster.nodes[0].is_running(), "{}", cluster.logs());
 }
+
+/// A malformed exactly-once origin header is refused with INVALID_ARGUMENT
+/// and applies nothing; a well-formed one replays the first outcome, and a
+/// late copy of a request its client declared done is refused, not applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_headers_bad_replayed_and_late() {
+    let cluster = Cluster::start(1, &["--tasks", "1"]);
+    let addr = cluster.nodes[0].addr.clone();
+    let si = register_all(&addr, 1).await;
+    let mut c = wire::xla(&addr).await;
+    let incr = |origin: &str| {
+        let mut req = tonic::Request::new(IncrementKeyValueRequest {
+            incarnations: inc(0, si),
+            key: "n".into(),
+            increment: 1,
+        });
+        req.metadata_mut()
+            .insert(proto::ORIGIN_HEADER, origin.parse().unwrap());
+        req
+    };
+    for (bad, why) in [
+        ("seven", "malformed origin"),
+        ("7", "malformed origin"),
+        ("7:1:2:3", "malformed origin"),
+        ("7:1:2", "declares its own request done"),
+    ] {
+        let e = c.increment_key_value(incr(bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad}: {e:?}");
+        assert!(e.message().contains(why), "{bad}: {e:?}");
+    }
+    let value = |r: tonic::Response<IncrementKeyValueResponse>| {
+        String::from_utf8(r.into_inner().kv.unwrap().value.to_vec()).unwrap()
+    };
+    assert_eq!(
+        value(c.increment_key_value(incr("7:1:1")).await.unwrap()),
+        "1"
+    );
+    // A retry: the first outcome again.
+    assert_eq!(
+        value(c.increment_key_value(incr("7:1:1")).await.unwrap()),
+        "1"
+    );
+    assert_eq!(
+        value(c.increment_key_value(incr("7:2:2")).await.unwrap()),
+        "2"
+    );
+    // Seq 1 was declared done by seq 2: a late copy is refused.
+    let e = c.increment_key_value(incr("7:1:1")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Aborted, "{e:?}");
+    assert!(e.message().contains("late copy"), "{e:?}");
+    let got = c
+        .try_get_key_value(TryGetKeyValueRequest {
+            incarnations: inc(0, si),
+            key: "n".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.into_inner().kv.unwrap().value.as_ref(), b"2");
+}
