@@ -12,8 +12,9 @@
 //! * without snapshots: the node starts with snapshots off and replays every
 //!   entry;
 //! * with snapshots: the node runs with the default policy (one every 50,000
-//!   entries, 1,000 kept behind), is waited for until its snapshot covers the
-//!   journal and the log behind it is purged, then SIGKILLed and restarted.
+//!   entries or 8 MiB of log, 100 kept behind), is waited for until its
+//!   snapshot covers the journal and the log behind it is purged, then
+//!   SIGKILLed and restarted.
 //!
 //! etcd (1 member) gets the same puts through its API ([`run_etcd`]).
 //!
@@ -242,7 +243,17 @@ async fn time_to_serve(
 pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
     let kind = PeerKind::Coordstore1;
     eprintln!("replay: building a journal of {entries} entries");
-    let mut peer = Peer::start_with(kind, 1, &["--snapshot-every", "1000000000000"]).await?;
+    let mut peer = Peer::start_with(
+        kind,
+        1,
+        &[
+            "--snapshot-every",
+            "1000000000000",
+            "--snapshot-log-bytes",
+            "0",
+        ],
+    )
+    .await?;
     let (term, after) = {
         let addr = peer.addr(0);
         let s = try_status(&addr)
@@ -282,7 +293,8 @@ pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
     // With snapshots: the default policy, then wait for the snapshot + purge.
     {
         let cluster = peer.coordstore().expect("coordstore peer");
-        cluster.nodes[0].set_arg("--snapshot-every", "50000");
+        cluster.nodes[0].remove_arg("--snapshot-every");
+        cluster.nodes[0].remove_arg("--snapshot-log-bytes");
         cluster.restart(0);
         let addr = cluster.nodes[0].addr.clone();
         let deadline = Instant::now() + Duration::from_secs(600);

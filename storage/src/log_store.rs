@@ -125,17 +125,6 @@ impl LogStore {
         Ok(last.max(purged))
     }
 
-    /// Whether the stored vote is this node's own leadership (a committed
-    /// vote for itself): it led when it stopped. [`RaftLogStorage::read_vote`]
-    /// hands openraft that vote uncommitted, so the node starts as a follower;
-    /// it may campaign at once.
-    pub fn led_when_stopped(&self) -> Result<bool, String> {
-        let vote: Option<Vote<NodeId>> = self
-            .meta(VOTE_KEY, ErrorSubject::Vote)
-            .map_err(|e| format!("cannot read the vote: {e}"))?;
-        Ok(vote.is_some_and(|v| self.is_own_leadership(&v)))
-    }
-
     fn is_own_leadership(&self, v: &Vote<NodeId>) -> bool {
         v.is_committed() && v.leader_id().voted_for() == Some(self.node_id)
     }

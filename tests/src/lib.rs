@@ -140,6 +140,14 @@ impl NodeProc {
         }
     }
 
+    /// Drops `flag` and its value from the arguments of the next start.
+    pub fn remove_arg(&mut self, flag: &str) {
+        if let Some(p) = self.args.iter().position(|a| a == flag) {
+            let end = (p + 2).min(self.args.len());
+            self.args.drain(p..end);
+        }
+    }
+
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
