@@ -459,7 +459,20 @@ async fn a_restarted_leader_does_not_depose_its_successor() {
         let old = leader(&cluster, &[0, 1, 2]).await;
         cluster.kill(old);
         let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
-        let new = leader(&cluster, &others).await;
+        // The others may still name the dead leader for a while.
+        let deadline = std::time::Instant::now() + WAIT;
+        let new = loop {
+            let n = leader(&cluster, &others).await;
+            if n != old {
+                break n;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no successor\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let mut c = cluster.client(new, WAIT).await;
         writer
             .put(&mut c, "depose/key", format!("v{round}").as_bytes(), WAIT)
