@@ -192,6 +192,7 @@ impl Agent {
         Ok(CoordinatedTask {
             job_name: i.cfg.job_name.clone(),
             task_id: i.cfg.task_id,
+            recoverable: false,
         })
     }
 
@@ -242,6 +243,7 @@ impl Agent {
         let req = WaitForAllTasksRequest {
             local_device_info: Some(local_devices),
             source_task: Some(i.task()),
+            device_info: None,
         };
         let reply = i
             .nodes
@@ -519,6 +521,8 @@ impl Agent {
             barrier_timeout_in_ms: timeout.as_millis() as i64,
             tasks: tasks.to_vec(),
             source_task: Some(i.task()),
+            // The seed's barrier: no instance counter, a finished id replays.
+            counter: 0,
         };
         i.nodes
             .call(req, |ch, r| async move { i_tf(ch).barrier(r).await })
@@ -544,6 +548,7 @@ impl Agent {
         let req = CancelBarrierRequest {
             barrier_id: id.into(),
             source_task: Some(i.task()),
+            counter: 0,
         };
         i.nodes
             .call(req, |ch, r| async move { i_tf(ch).cancel_barrier(r).await })
@@ -594,6 +599,7 @@ impl Inner {
         CoordinatedTask {
             job_name: self.cfg.job_name.clone(),
             task_id: self.cfg.task_id,
+            recoverable: false,
         }
     }
 

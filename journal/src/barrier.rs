@@ -51,6 +51,7 @@ impl State {
             &a.participants,
             &a.unknown_participant,
             a.task,
+            a.recoverable,
             at,
         )
     }
@@ -58,7 +59,14 @@ impl State {
     /// One task arrives at instance `counter` of barrier `id`. `participants`
     /// empty means every task; `timeout_ms` None means no deadline. Returns the
     /// result if the barrier finished (now or earlier), else parked with the
-    /// call id to wait on through [`State::barrier_result`].
+    /// call id to wait on through [`State::barrier_result`]. Either way the
+    /// outcome's `value` is the **effective** instance counter (a recoverable
+    /// caller's counter 0 becomes the instance it joined or opened).
+    ///
+    /// The order of the checks is XLA's (`BarrierAsyncLocked`, reference
+    /// §3.8): (1) open a new instance if the rules say so; (2) counter
+    /// mismatch; (3) argument checks, against a finished instance too;
+    /// (4) finished instance and same counter: replay; (5) arrive.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn arrive(
         &mut self,
@@ -68,17 +76,25 @@ impl State {
         participants: &[u32],
         unknown_participant: &str,
         task: u32,
+        caller_recoverable: bool,
         at: u64,
     ) -> Outcome {
         let n = self.task_count();
-        let recoverable = self.recoverable();
-        let mut counter = counter;
+        // The counter-0 rule is the caller's: the service's flag, or the
+        // task's own (TensorFlow sends it with every call).
+        let recoverable = self.recoverable() || caller_recoverable;
+        // The registration, shutdown and device barriers are exempt from the
+        // recoverable counter-0 rule (XLA and TSL exclude them by id).
+        let special = id == REGISTER_BARRIER
+            || id == shutdown_barrier_id(self.d.service_incarnation)
+            || id == wait_all_barrier_id(self.d.service_incarnation);
 
-        // 1. Which instance: the current one, a new one, or a mismatch.
-        let create = match self.d.barriers.get(id) {
-            None if counter == 0 => true,
+        // 1. Which instance: a new one, the current one, or a mismatch.
+        let (create, counter) = match self.d.barriers.get(id) {
+            None if counter == 0 => (true, 0),
             None => {
-                // Upstream: the uninitialised instance (counter 0) fails.
+                // Upstream: the uninitialised instance (counter 0, nobody
+                // listed) fails, and stays failed with an empty task set.
                 let e = errors::barrier_counter_mismatch(id, counter, 0);
                 self.d.barriers.insert(
                     id.to_string(),
@@ -92,18 +108,29 @@ impl State {
                 return Outcome::err(e);
             }
             Some(b) => {
-                if recoverable && counter == 0 && b.counter != 0 {
-                    // A restarted recoverable task rejoins the current instance.
-                    counter = b.counter;
-                }
                 let finished = b.status() != BarrierStatus::Pending;
-                if b.counter == counter {
-                    false
-                } else if finished && counter == b.counter + 1 {
-                    true
+                if finished && counter == b.counter + 1 {
+                    (true, counter)
+                } else if finished && recoverable && counter == 0 && !special {
+                    // A restarted recoverable task (its agent forgot its
+                    // counters) opens the next instance and waits there.
+                    (true, b.counter + 1)
+                } else if counter == b.counter || (recoverable && counter == 0) {
+                    // The current instance (a recoverable counter 0 joins a
+                    // pending one whatever its counter).
+                    (false, b.counter)
                 } else {
                     let e = errors::barrier_counter_mismatch(id, counter, b.counter);
                     let current = b.counter;
+                    // The caller's own earlier call is superseded first
+                    // (CANCELLED), then the instance fails for everyone.
+                    let b = self.d.barriers.get_mut(id).expect("present");
+                    if b.status() == BarrierStatus::Pending {
+                        if let Some(old) = b.arrivals.remove(&task) {
+                            b.cancelled_calls
+                                .insert(old, errors::barrier_duplicate_call(id, current));
+                        }
+                    }
                     self.finish_barrier(id, current, Err(e.clone()), true, at);
                     return Outcome::err(e);
                 }
@@ -111,11 +138,22 @@ impl State {
         };
 
         if create {
-            let set = if participants.is_empty() {
-                (0..n).collect()
-            } else {
-                sorted_set(participants)
-            };
+            // Every later instance of an id keeps the first instance's task
+            // set; only an id that never had one takes the caller's.
+            let inherited = self
+                .d
+                .barriers
+                .get(id)
+                .filter(|p| !p.participants.is_empty())
+                .map(|p| (p.participants.clone(), p.all_tasks));
+            let from_args = inherited.is_none();
+            let (set, all_tasks) = inherited.unwrap_or_else(|| {
+                if participants.is_empty() {
+                    ((0..n).collect(), true)
+                } else {
+                    (sorted_set(participants), false)
+                }
+            });
             let previous = self.d.barriers.remove(id).map(|mut p| {
                 p.previous = None;
                 Box::new(p)
@@ -124,7 +162,7 @@ impl State {
                 id.to_string(),
                 BarrierEntry {
                     counter,
-                    all_tasks: participants.is_empty(),
+                    all_tasks,
                     participants: set.clone(),
                     deadline_ms: timeout_ms.map_or(0, |t| at.saturating_add(t).max(1)),
                     previous,
@@ -132,14 +170,14 @@ impl State {
                     ..Default::default()
                 },
             );
-            if !unknown_participant.is_empty() {
+            if from_args && !unknown_participant.is_empty() {
                 let e = errors::barrier_unknown_participant(id, counter, unknown_participant);
                 self.finish_barrier(id, counter, Err(e.clone()), false, at);
                 return Outcome::err(e);
             }
-            if !recoverable {
+            {
                 for &p in &set {
-                    if self.task_status(p) == Some(TaskStatus::Error) {
+                    if !self.task_recoverable(p) && self.task_status(p) == Some(TaskStatus::Error) {
                         let existing = self.t(p).error.clone().unwrap_or_default();
                         let e = errors::barrier_participant_already_in_error(
                             id,
@@ -154,31 +192,15 @@ impl State {
             }
         }
 
+        // 2. The caller's arguments must agree with the instance, finished or
+        // not: a disagreeing call fails it for every waiter and replaces a
+        // stored result.
         let b = &self.d.barriers[id];
         let mine = if participants.is_empty() {
             (0..n).collect::<Vec<_>>()
         } else {
             sorted_set(participants)
         };
-
-        // 2. A finished instance replays its result.
-        if b.status() != BarrierStatus::Pending {
-            if b.created_by_cancel {
-                // Reference quirk: cancelling an unused id leaves an empty
-                // finished instance; the first real wait fails its task check.
-                return Outcome::err(if participants.is_empty() {
-                    errors::barrier_all_vs_subset(id, counter)
-                } else {
-                    errors::barrier_conflicting_tasks(id, counter)
-                });
-            }
-            return match b.status() {
-                BarrierStatus::Passed => Outcome::value(counter),
-                _ => Outcome::err(b.error.clone().unwrap_or_default()),
-            };
-        }
-
-        // 3. The caller's arguments must agree with the instance.
         let mismatch = if participants.is_empty() && b.participants.len() != n as usize {
             Some(errors::barrier_all_vs_subset(id, counter))
         } else if !unknown_participant.is_empty() || mine != b.participants {
@@ -193,8 +215,15 @@ impl State {
             None
         };
         if let Some(e) = mismatch {
-            self.finish_barrier(id, counter, Err(e.clone()), false, at);
+            self.finish_barrier(id, counter, Err(e.clone()), true, at);
             return Outcome::err(e);
+        }
+
+        // 3. A finished instance replays its result.
+        match b.status() {
+            BarrierStatus::Pending => {}
+            BarrierStatus::Passed => return Outcome::value(counter),
+            BarrierStatus::Failed => return Outcome::err(b.error.clone().unwrap_or_default()),
         }
 
         // 4. Record the arrival; a second call of the same task supersedes the first.
@@ -210,7 +239,9 @@ impl State {
             out.call_id = call;
             return out;
         }
-        Outcome::parked(call)
+        let mut out = Outcome::parked(call);
+        out.value = counter;
+        out
     }
 
     /// Ends instance `counter` of `id` with `result`. Only a pending instance
@@ -273,7 +304,7 @@ impl State {
                 }
             } else {
                 let e = errors::shutdown_barrier_failed(&error);
-                self.propagate_error(e.clone(), at);
+                self.propagate_error(e.clone(), &[], at);
                 self.set_all_tasks_error(&e, at);
             }
         }
@@ -293,7 +324,7 @@ impl State {
             })
             .map(|(id, b)| (id.clone(), b.counter))
             .collect();
-        let recoverable = self.recoverable();
+        let recoverable = self.task_recoverable(task);
         for (id, counter) in ongoing {
             if recoverable {
                 let b = self.d.barriers.get_mut(&id).expect("listed above");
@@ -385,7 +416,6 @@ impl State {
         &self,
         id: &str,
         counter: i64,
-        task: u32,
         call_id: u64,
     ) -> Option<Result<i64, DomainError>> {
         let Some(cur) = self.d.barriers.get(id) else {
@@ -396,14 +426,7 @@ impl State {
         } else {
             match cur.previous.as_deref() {
                 Some(p) if p.counter == counter => p,
-                _ => {
-                    // A recoverable caller that rejoined with counter 0.
-                    if counter == 0 && cur.arrivals.get(&task) == Some(&call_id) {
-                        cur
-                    } else {
-                        return Some(Err(errors::barrier_instance_gone(id, counter)));
-                    }
-                }
+                _ => return Some(Err(errors::barrier_instance_gone(id, counter))),
             }
         };
         if let Some(e) = inst.cancelled_calls.get(&call_id) {

@@ -104,6 +104,8 @@ pub enum UnknownTaskIn {
     AliveTasks,
     /// WaitForAllTasks.
     WaitForAllTasks,
+    /// GetTaskState (TensorFlow 2.21).
+    GetTaskState,
 }
 
 /// The error for a task `label` that is not in the cluster configuration.
@@ -129,6 +131,9 @@ pub fn unknown_task(call: UnknownTaskIn, label: &str) -> DomainError {
         }
         UnknownTaskIn::WaitForAllTasks => {
             format!("Unexpected task ({label}) that is not in the cluster waiting for all tasks.")
+        }
+        UnknownTaskIn::GetTaskState => {
+            format!("Unexpected task ({label}) that is not in the cluster in a GetTaskState request.")
         }
     };
     with_payload(Code::InvalidArgument, msg)

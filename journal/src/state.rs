@@ -136,12 +136,14 @@ impl State {
         match cmd {
             Command::InitService(c) => self.init_service(c),
             Command::ResetJobEpoch(c) => self.reset_job_epoch(c),
-            Command::RegisterTask(c) => self.register_task(c.task, c.incarnation, at),
+            Command::RegisterTask(c) => {
+                self.register_task(c.task, c.incarnation, c.recoverable, at)
+            }
             Command::Heartbeat(c) => self.heartbeat(c.task, c.incarnation, at),
             Command::TasksUnhealthy(c) => self.tasks_unhealthy(&c.tasks, at),
             Command::ReportError(c) => self.report_error(c, at),
             Command::PollForError(c) => self.poll_for_error(c.task, at),
-            Command::ShutdownTask(c) => self.shutdown_task(c.task, at),
+            Command::ShutdownTask(c) => self.shutdown_task(c.task, c.recoverable, at),
             Command::ResetTask(c) => self.reset_task(c.task, at),
             Command::KvInsert(c) => self.kv_insert(c),
             Command::KvDelete(c) => self.kv_delete(&c.key),
@@ -443,6 +445,18 @@ impl State {
 
     pub(crate) fn recoverable(&self) -> bool {
         self.d.config.as_ref().is_some_and(|c| c.recoverable)
+    }
+
+    /// Whether `task` is recoverable: the whole service is, or the task
+    /// declared itself so when it last registered.
+    pub(crate) fn task_recoverable(&self, task: u32) -> bool {
+        self.recoverable() || self.t(task).recoverable
+    }
+
+    /// Whether propagated errors are delivered to each task (TensorFlow's
+    /// service) instead of through PollForError (XLA's).
+    pub(crate) fn notify_tasks(&self) -> bool {
+        self.d.config.as_ref().is_some_and(|c| c.notify_tasks)
     }
 
     pub(crate) fn cfg(&self) -> ClusterConfig {

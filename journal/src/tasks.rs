@@ -44,12 +44,21 @@ impl State {
 
     // ------------------------------------------------------ registration ----
 
-    pub(crate) fn register_task(&mut self, task: u32, incarnation: u64, at: u64) -> Outcome {
+    pub(crate) fn register_task(
+        &mut self,
+        task: u32,
+        incarnation: u64,
+        declared_recoverable: bool,
+        at: u64,
+    ) -> Outcome {
         if let Err(e) = self.check_task(task, UnknownTaskIn::Register) {
             return Outcome::err(e);
         }
         let label = self.label(task);
-        let recoverable = self.recoverable();
+        // Upstream records the task's own flag on every registration, before
+        // looking at its state.
+        self.t_mut(task).recoverable = declared_recoverable;
+        let recoverable = self.task_recoverable(task);
         let t = self.t(task).clone();
         match t.status() {
             TaskStatus::Error => {
@@ -61,7 +70,7 @@ impl State {
                     let e =
                         errors::register_while_in_error(&label, &existing).with_source_task(task);
                     self.set_task_error(task, e.clone(), at);
-                    self.propagate_error(e.clone(), at);
+                    self.propagate_error(e.clone(), &[task], at);
                     return Outcome::err(e);
                 }
                 // A recoverable task whose heartbeats timed out comes back.
@@ -74,12 +83,13 @@ impl State {
                 if recoverable {
                     self.leave_ongoing_barriers(task, errors::LEAVE_REASON_RECONNECTED, at);
                     self.t_mut(task).incarnation = incarnation;
+                    self.t_mut(task).notice = None;
                     self.bump_tasks_version();
                     return Outcome::incarnation(self.d.service_incarnation);
                 }
                 let e = errors::different_incarnation(&label).with_source_task(task);
                 self.set_task_error(task, e.clone(), at);
-                self.propagate_error(e.clone(), at);
+                self.propagate_error(e.clone(), &[task], at);
                 Outcome::err(e)
             }
             TaskStatus::Disconnected => self.register_disconnected(task, incarnation, at),
@@ -106,7 +116,7 @@ impl State {
         // answers ALREADY_EXISTS through `registration_result`).
         self.t_mut(task).pending_incarnation = Some(incarnation);
         let timeout = (cfg.register_timeout_ms > 0).then_some(cfg.register_timeout_ms);
-        let out = self.arrive(REGISTER_BARRIER, 0, timeout, &[], "", task, at);
+        let out = self.arrive(REGISTER_BARRIER, 0, timeout, &[], "", task, false, at);
         if out.is_err() {
             return out;
         }
@@ -146,6 +156,7 @@ impl State {
         t.incarnation = incarnation;
         t.pending_incarnation = None;
         t.error = None;
+        t.notice = None;
         self.bump_tasks_version();
         self.reevaluate_alive_rounds();
     }
@@ -172,8 +183,13 @@ impl State {
             _ => {}
         }
         if t.incarnation == incarnation {
-            HeartbeatCheck::Accept
-        } else if self.recoverable() {
+            match &t.notice {
+                // An error propagated to this task (notify_tasks): its
+                // heartbeat carries it; the task stays CONNECTED.
+                Some(e) if t.status() == TaskStatus::Connected => HeartbeatCheck::Reject(e.clone()),
+                _ => HeartbeatCheck::Accept,
+            }
+        } else if self.task_recoverable(task) {
             HeartbeatCheck::Ignore
         } else {
             HeartbeatCheck::Mismatch(errors::heartbeat_incarnation_mismatch(
@@ -190,7 +206,7 @@ impl State {
             HeartbeatCheck::Reject(e) => Outcome::err(e),
             HeartbeatCheck::Mismatch(e) => {
                 self.set_task_error(task, e.clone(), at);
-                self.propagate_error(e.clone(), at);
+                self.propagate_error(e.clone(), &[task], at);
                 Outcome::err(e)
             }
         }
@@ -198,6 +214,7 @@ impl State {
 
     pub(crate) fn tasks_unhealthy(&mut self, tasks: &[u32], at: u64) -> Outcome {
         let mut stale = Vec::new();
+        let mut sources = Vec::new();
         for &task in tasks {
             if self.task_status(task) != Some(TaskStatus::Connected) {
                 continue;
@@ -205,9 +222,10 @@ impl State {
             let label = self.label(task);
             self.set_task_error(task, errors::heartbeat_timeout(&label), at);
             stale.push(label);
+            sources.push(task);
         }
         if !stale.is_empty() {
-            self.propagate_error(errors::unhealthy_tasks(&stale), at);
+            self.propagate_error(errors::unhealthy_tasks(&stale), &sources, at);
         }
         Outcome::ok()
     }
@@ -224,7 +242,7 @@ impl State {
         let mut e = errors::with_payload(c.code(), c.message.clone()).with_source_task(c.task);
         e.is_reported_error = true;
         self.set_task_error(c.task, e.clone(), at);
-        self.propagate_error(e, at);
+        self.propagate_error(e, &[c.task], at);
         Outcome::ok()
     }
 
@@ -251,11 +269,31 @@ impl State {
         }
     }
 
-    /// Error propagation (§3.4): skipped in recoverable mode; delivered once to
-    /// every pending PollForError and remembered if anybody ever polled;
-    /// otherwise every task is set to ERROR.
-    pub(crate) fn propagate_error(&mut self, e: DomainError, at: u64) {
+    /// Error propagation (§3.4): skipped in recoverable mode and when every
+    /// source task is recoverable. Delivered once to every pending
+    /// PollForError and remembered for later polls. Then, with
+    /// `notify_tasks` (TensorFlow's service), every other CONNECTED task gets
+    /// a notice and stays CONNECTED; without it (XLA's), if nobody ever
+    /// polled every task is set to ERROR.
+    pub(crate) fn propagate_error(&mut self, e: DomainError, sources: &[u32], at: u64) {
         if self.recoverable() {
+            return;
+        }
+        if !sources.is_empty() && sources.iter().all(|&t| self.task_recoverable(t)) {
+            return;
+        }
+        if self.notify_tasks() {
+            for t in &mut self.d.tasks {
+                if t.poll_id != 0 && t.poll_result.is_none() {
+                    t.poll_result = Some(e.clone());
+                }
+                if t.status() == TaskStatus::Connected && t.notice.is_none() {
+                    t.notice = Some(e.clone());
+                }
+            }
+            if self.d.propagated_error.is_none() {
+                self.d.propagated_error = Some(e);
+            }
             return;
         }
         if !self.d.any_polled {
@@ -318,6 +356,7 @@ impl State {
         t.set_status(TaskStatus::Disconnected);
         t.disconnected_at_ms = at.max(1);
         t.error = None;
+        t.notice = None;
         t.pending_incarnation = None;
         if t.poll_id != 0 && t.poll_result.is_none() {
             t.poll_result = Some(errors::poll_cancelled("task has disconnected."));
@@ -332,12 +371,38 @@ impl State {
         !cfg.recoverable && cfg.shutdown_timeout_ms > 0
     }
 
-    pub(crate) fn shutdown_task(&mut self, task: u32, at: u64) -> Outcome {
+    /// The shutdown barrier's participants: every task not declared
+    /// recoverable, fixed by the barrier's first caller (empty = all tasks).
+    fn shutdown_participants(&self, id: &str) -> Vec<u32> {
+        if let Some(b) = self.d.barriers.get(id) {
+            return if b.all_tasks {
+                Vec::new()
+            } else {
+                b.participants.clone()
+            };
+        }
+        let n = self.task_count();
+        let set: Vec<u32> = (0..n).filter(|&i| !self.t(i).recoverable).collect();
+        if set.len() == n as usize {
+            Vec::new()
+        } else {
+            set
+        }
+    }
+
+    pub(crate) fn shutdown_task(
+        &mut self,
+        task: u32,
+        declared_recoverable: bool,
+        at: u64,
+    ) -> Outcome {
         if let Err(e) = self.check_task(task, UnknownTaskIn::Disconnect) {
             return Outcome::err(e);
         }
         let label = self.label(task);
-        if !self.uses_shutdown_barrier() {
+        // A task that declares itself recoverable leaves alone (upstream reads
+        // the flag from the ShutdownTask request).
+        if !self.uses_shutdown_barrier() || declared_recoverable {
             if self.t(task).status() == TaskStatus::Disconnected {
                 return Outcome::err(errors::already_disconnected(&label));
             }
@@ -364,7 +429,8 @@ impl State {
             }
         }
         let timeout = self.cfg().shutdown_timeout_ms;
-        let mut out = self.arrive(&id, 0, Some(timeout), &[], "", task, at);
+        let participants = self.shutdown_participants(&id);
+        let mut out = self.arrive(&id, 0, Some(timeout), &participants, "", task, false, at);
         if let Some(e) = out.error.take() {
             out.error = Some(errors::shutdown_barrier_failed(&e));
         }
@@ -372,9 +438,9 @@ impl State {
     }
 
     /// The answer of a parked ShutdownTask (`call_id` from its outcome).
-    pub fn shutdown_result(&self, task: u32, call_id: u64) -> Option<Result<(), DomainError>> {
+    pub fn shutdown_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
         let id = shutdown_barrier_id(self.d.service_incarnation);
-        self.barrier_result(&id, 0, task, call_id).map(|r| {
+        self.barrier_result(&id, 0, call_id).map(|r| {
             r.map(|_| ())
                 .map_err(|e| errors::shutdown_barrier_failed(&e))
         })
@@ -410,15 +476,15 @@ impl State {
             &[],
             "",
             task,
+            false,
             at,
         )
     }
 
     /// The answer of a parked WaitForAllTasks (`call_id` from its outcome).
-    pub fn wait_for_all_result(&self, task: u32, call_id: u64) -> Option<Result<(), DomainError>> {
+    pub fn wait_for_all_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
         let id = wait_all_barrier_id(self.d.service_incarnation);
-        self.barrier_result(&id, 0, task, call_id)
-            .map(|r| r.map(|_| ()))
+        self.barrier_result(&id, 0, call_id).map(|r| r.map(|_| ()))
     }
 
     /// Device info of every task that sent some, ordered by job name, then

@@ -5,8 +5,8 @@ use journal::pb::BarrierStatus;
 use journal::{Code, DomainError, State};
 
 #[track_caller]
-fn failed(s: &State, id: &str, counter: i64, task: u32, call: u64) -> DomainError {
-    s.barrier_result(id, counter, task, call)
+fn failed(s: &State, id: &str, counter: i64, call: u64) -> DomainError {
+    s.barrier_result(id, counter, call)
         .expect("answered")
         .expect_err("failed")
 }
@@ -23,12 +23,12 @@ fn barrier_over_all_tasks_passes_when_last_arrives() {
     let mut s = cluster(3, Opts::default());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
-    assert_eq!(s.barrier_result("b", 0, 0, c0), None);
+    assert_eq!(s.barrier_result("b", 0, c0), None);
     let out = apply(&mut s, arrive("b", 0, 60_000, &[], 2), 2000);
     ok(&out);
     assert_eq!(out.value, 0);
-    assert_eq!(s.barrier_result("b", 0, 0, c0), Some(Ok(0)));
-    assert_eq!(s.barrier_result("b", 0, 1, c1), Some(Ok(0)));
+    assert_eq!(s.barrier_result("b", 0, c0), Some(Ok(0)));
+    assert_eq!(s.barrier_result("b", 0, c1), Some(Ok(0)));
     let b = s.barrier("b").unwrap();
     assert_eq!(b.status(), BarrierStatus::Passed);
     assert!(b.all_tasks);
@@ -44,7 +44,7 @@ fn next_counter_creates_a_new_instance_and_returns_its_counter() {
         let out = apply(&mut s, arrive("b", c, 60_000, &[], 1), 2000);
         ok(&out);
         assert_eq!(out.value, c);
-        assert_eq!(s.barrier_result("b", c, 0, p), Some(Ok(c)));
+        assert_eq!(s.barrier_result("b", c, p), Some(Ok(c)));
         assert_eq!(s.barrier("b").unwrap().counter, c);
     }
 }
@@ -89,7 +89,7 @@ fn counter_mismatch_fails_the_current_pending_instance() {
     );
     contains(&e, "the service thinks it is the 0-th instance");
     // The waiter gets the same error.
-    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+    assert_eq!(failed(&s, "b", 0, c0), e);
     assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Failed);
     // Next instance while the current is pending is a mismatch too.
     parked(&apply(&mut s, arrive("c", 0, 60_000, &[], 0), 2000));
@@ -135,7 +135,7 @@ fn subset_barrier_needs_only_its_participants() {
     assert_eq!(b.participants, vec![1, 3]);
     let out = apply(&mut s, arrive("s", 0, 60_000, &[1, 3], 3), 2000);
     ok(&out);
-    assert_eq!(s.barrier_result("s", 0, 1, c), Some(Ok(0)));
+    assert_eq!(s.barrier_result("s", 0, c), Some(Ok(0)));
 }
 
 #[test]
@@ -180,7 +180,7 @@ fn conflicting_task_sets_fail_the_instance_for_all_waiters() {
         "Conflicting tasks specified by different processes for the same barrier: b::0.",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+    assert_eq!(failed(&s, "b", 0, c0), e);
 }
 
 #[test]
@@ -193,7 +193,7 @@ fn all_tasks_versus_explicit_subset_is_invalid_argument() {
     );
     contains(&e, "b::0: No tasks were specified by the client, which implies that the entire cluster is participating in the barrier. However, the service disagrees.");
     barrier_payload(&e, "b", 0);
-    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+    assert_eq!(failed(&s, "b", 0, c0), e);
 }
 
 #[test]
@@ -205,7 +205,7 @@ fn subset_against_all_tasks_instance_is_conflicting() {
         Code::InvalidArgument,
     );
     contains(&e, "Conflicting tasks");
-    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+    assert_eq!(failed(&s, "b", 0, c0), e);
 }
 
 #[test]
@@ -218,7 +218,7 @@ fn non_participating_caller_is_invalid_argument() {
     );
     contains(&e, "A non-participating task (2) called the barrier: b::0");
     barrier_payload(&e, "b", 0);
-    assert_eq!(failed(&s, "b", 0, 0, c0), e);
+    assert_eq!(failed(&s, "b", 0, c0), e);
 }
 
 #[test]
@@ -235,9 +235,9 @@ fn deadline_is_set_by_first_caller_and_timeout_fails_all_waiters() {
     // Too early, or the wrong counter: nothing happens.
     ok(&apply(&mut s, expire("b", 0), 2999));
     ok(&apply(&mut s, expire("b", 1), 5000));
-    assert_eq!(s.barrier_result("b", 0, 0, c0), None);
+    assert_eq!(s.barrier_result("b", 0, c0), None);
     ok(&apply(&mut s, expire("b", 0), 3000));
-    let e = failed(&s, "b", 0, 0, c0);
+    let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::DeadlineExceeded);
     contains(&e, "Barrier timed out. Id: b::0.");
     contains(&e, "# of tasks that reached the barrier: 2/3.");
@@ -246,7 +246,7 @@ fn deadline_is_set_by_first_caller_and_timeout_fails_all_waiters() {
         "The first task at the barrier: 0. Some timed out task names:\n2\n",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(failed(&s, "b", 0, 1, c1), e);
+    assert_eq!(failed(&s, "b", 0, c1), e);
 }
 
 #[test]
@@ -254,7 +254,7 @@ fn same_task_arriving_twice_cancels_its_earlier_call() {
     let mut s = cluster(2, Opts::default());
     let first = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let second = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2100));
-    let e = failed(&s, "b", 0, 0, first);
+    let e = failed(&s, "b", 0, first);
     code_is(&e, Code::Cancelled);
     contains(
         &e,
@@ -265,7 +265,7 @@ fn same_task_arriving_twice_cancels_its_earlier_call() {
     // The duplicate did not count as a second arrival.
     assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Pending);
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
-    assert_eq!(s.barrier_result("b", 0, 0, second), Some(Ok(0)));
+    assert_eq!(s.barrier_result("b", 0, second), Some(Ok(0)));
 }
 
 #[test]
@@ -291,14 +291,14 @@ fn participant_erroring_while_pending_fails_barrier_for_all() {
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
     ok(&apply(&mut s, unhealthy(&[2]), 3000));
-    let e = failed(&s, "b", 0, 0, c0);
+    let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::Internal);
     contains(
         &e,
         "Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 2 heartbeat timeout.",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(failed(&s, "b", 0, 1, c1), e);
+    assert_eq!(failed(&s, "b", 0, c1), e);
 }
 
 #[test]
@@ -307,10 +307,10 @@ fn participant_disconnecting_while_pending_fails_barrier() {
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
     let other = parked(&apply(&mut s, arrive("o", 0, 60_000, &[0, 2], 0), 2000));
     ok(&apply(&mut s, shutdown(1), 2100));
-    let e = failed(&s, "b", 0, 0, c0);
+    let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::Internal);
     contains(&e, "task disconnected");
-    assert_eq!(s.barrier_result("o", 0, 0, other), None);
+    assert_eq!(s.barrier_result("o", 0, other), None);
 }
 
 #[test]
@@ -319,11 +319,11 @@ fn cancel_fails_pending_instance_for_all_waiters() {
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
     ok(&apply(&mut s, cancel("b", 0, 1), 2100));
-    let e = failed(&s, "b", 0, 0, c0);
+    let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::Cancelled);
     contains(&e, "Barrier (b::0) is cancelled by task: 1");
     barrier_payload(&e, "b", 0);
-    assert_eq!(failed(&s, "b", 0, 1, c1), e);
+    assert_eq!(failed(&s, "b", 0, c1), e);
     // Cancelling the finished instance is FAILED_PRECONDITION.
     let e = err(
         &apply(&mut s, cancel("b", 0, 1), 2200),
@@ -349,7 +349,7 @@ fn cancel_with_wrong_counter_is_failed_precondition() {
         "Barrier (b::3) is cancelled by task, but the service thinks it is the 0-th instance.",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(s.barrier_result("b", 0, 0, c0), None, "still pending");
+    assert_eq!(s.barrier_result("b", 0, c0), None, "still pending");
 }
 
 #[test]
@@ -395,5 +395,197 @@ fn recoverable_restarted_task_rejoins_current_instance_with_counter_zero() {
     let out = apply(&mut s, arrive("b", 0, 60_000, &[], 1), 3200);
     ok(&out);
     assert_eq!(out.value, 1);
-    assert_eq!(s.barrier_result("b", 1, 0, c0), Some(Ok(1)));
+    assert_eq!(s.barrier_result("b", 1, c0), Some(Ok(1)));
+}
+
+// ---- XLA's order of checks (reference §3.8; issue #19) ----------------------
+
+#[test]
+fn conflicting_list_against_a_finished_instance_fails_it() {
+    // Task 0 passes B alone with [0]; task 1 then calls B with [1].
+    let mut s = cluster(2, Opts::default());
+    let out = apply(&mut s, arrive("B", 0, 60_000, &[0], 0), 2000);
+    ok(&out);
+    assert_eq!(out.value, 0);
+    let e = err(
+        &apply(&mut s, arrive("B", 0, 60_000, &[1], 1), 2100),
+        Code::InvalidArgument,
+    );
+    contains(
+        &e,
+        "Conflicting tasks specified by different processes for the same barrier: B::0.",
+    );
+    barrier_payload(&e, "B", 0);
+    // The stored result is now that error: task 0's replay gets it too.
+    assert_eq!(s.barrier("B").unwrap().status(), BarrierStatus::Failed);
+    let replay = err(
+        &apply(&mut s, arrive("B", 0, 60_000, &[0], 0), 2200),
+        Code::InvalidArgument,
+    );
+    assert_eq!(replay, e);
+}
+
+#[test]
+fn non_participant_against_a_finished_instance_is_invalid_argument() {
+    let mut s = cluster(3, Opts::default());
+    parked(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 0), 2000));
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 1), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[0, 1], 2), 2100),
+        Code::InvalidArgument,
+    );
+    contains(&e, "A non-participating task (2) called the barrier: b::0");
+    // All tasks against a finished subset instance.
+    parked(&apply(&mut s, arrive("c", 0, 60_000, &[0, 1], 0), 2000));
+    ok(&apply(&mut s, arrive("c", 0, 60_000, &[0, 1], 1), 2000));
+    let e = err(
+        &apply(&mut s, arrive("c", 0, 60_000, &[], 0), 2100),
+        Code::InvalidArgument,
+    );
+    contains(&e, "c::0: No tasks were specified by the client");
+}
+
+#[test]
+fn later_counters_keep_the_first_instance_task_set() {
+    let mut s = cluster(3, Opts::default());
+    for t in 0..3 {
+        apply(&mut s, arrive("all", 0, 60_000, &[], t), 2000);
+    }
+    assert_eq!(s.barrier("all").unwrap().status(), BarrierStatus::Passed);
+    // Instance 1 opened with a subset still has every task: the subset conflicts.
+    let e = err(
+        &apply(&mut s, arrive("all", 1, 60_000, &[0, 1], 0), 2100),
+        Code::InvalidArgument,
+    );
+    contains(
+        &e,
+        "Conflicting tasks specified by different processes for the same barrier: all::1.",
+    );
+    barrier_payload(&e, "all", 1);
+    assert_eq!(s.barrier("all").unwrap().participants, vec![0, 1, 2]);
+
+    // A subset id: its next instance asked for by "all tasks" disagrees.
+    parked(&apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 0), 2000));
+    ok(&apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 1), 2000));
+    let e = err(
+        &apply(&mut s, arrive("sub", 1, 60_000, &[], 0), 2100),
+        Code::InvalidArgument,
+    );
+    contains(&e, "sub::1: No tasks were specified by the client");
+    // The same subset works for counter 2.
+    parked(&apply(&mut s, arrive("sub", 2, 60_000, &[1, 0], 0), 2200));
+    let out = apply(&mut s, arrive("sub", 2, 60_000, &[0, 1], 1), 2200);
+    ok(&out);
+    assert_eq!(out.value, 2);
+}
+
+#[test]
+fn recoverable_restarted_task_opens_the_next_instance_of_a_finished_barrier() {
+    // Two tasks pass B three times; task 0 restarts (its counter for B is
+    // 0 again) and calls first, task 1 then calls with counter 3.
+    let mut s = cluster(2, Opts::recoverable());
+    for c in 0..3 {
+        parked(&apply(&mut s, arrive("B", c, 60_000, &[], 0), 2000));
+        ok(&apply(&mut s, arrive("B", c, 60_000, &[], 1), 2000));
+    }
+    ok(&apply(&mut s, register(0, 7777), 3000));
+    let first = apply(&mut s, arrive("B", 0, 60_000, &[], 0), 3100);
+    let c0 = parked(&first);
+    assert_eq!(first.value, 3, "the call waits at instance 3");
+    assert_eq!(s.barrier_result("B", 3, c0), None);
+    let out = apply(&mut s, arrive("B", 3, 60_000, &[], 1), 3200);
+    ok(&out);
+    assert_eq!(out.value, 3);
+    assert_eq!(s.barrier_result("B", 3, c0), Some(Ok(3)));
+    // The restarted agent adopted 3 and goes on with 4.
+    parked(&apply(&mut s, arrive("B", 4, 60_000, &[], 0), 3300));
+    ok(&apply(&mut s, arrive("B", 4, 60_000, &[], 1), 3300));
+}
+
+#[test]
+fn recoverable_counter_zero_opens_instance_one_after_instance_zero_and_after_a_failure() {
+    let mut s = cluster(2, Opts::recoverable());
+    parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    let again = apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2100);
+    parked(&again);
+    assert_eq!(again.value, 1);
+
+    // A timed-out instance is not replayed to a counter-0 caller either.
+    parked(&apply(&mut s, arrive("t", 0, 100, &[], 0), 2000));
+    ok(&apply(&mut s, expire("t", 0), 2100));
+    let next = apply(&mut s, arrive("t", 0, 60_000, &[], 1), 2200);
+    parked(&next);
+    assert_eq!(next.value, 1);
+    assert_eq!(s.barrier("t").unwrap().status(), BarrierStatus::Pending);
+}
+
+#[test]
+fn without_recoverable_a_counter_zero_call_on_a_later_instance_is_a_mismatch() {
+    let mut s = cluster(2, Opts::default());
+    for c in 0..3 {
+        parked(&apply(&mut s, arrive("B", c, 60_000, &[], 0), 2000));
+        ok(&apply(&mut s, arrive("B", c, 60_000, &[], 1), 2000));
+    }
+    let e = err(
+        &apply(&mut s, arrive("B", 0, 60_000, &[], 0), 3000),
+        Code::Internal,
+    );
+    contains(
+        &e,
+        "Barrier (B::0) is invoked by the task, but the service thinks it is the 2-th instance. The service or task probably restarted",
+    );
+    barrier_payload(&e, "B", 2);
+}
+
+#[test]
+fn recoverable_counter_zero_rule_spares_the_device_barrier() {
+    // A second WaitForAllTasks replays: it must not open instance 1.
+    let mut s = cluster(2, Opts::recoverable());
+    parked(&apply(&mut s, wait_all(0, b"d0"), 2000));
+    ok(&apply(&mut s, wait_all(1, b"d1"), 2000));
+    let again = apply(&mut s, wait_all(0, b"d0"), 2100);
+    ok(&again);
+    let id = journal::wait_all_barrier_id(SVC_INC);
+    assert_eq!(s.barrier(&id).unwrap().counter, 0);
+    assert_eq!(s.barrier(&id).unwrap().status(), BarrierStatus::Passed);
+}
+
+#[test]
+fn counter_mismatch_cancels_the_callers_own_earlier_call_first() {
+    let mut s = cluster(3, Opts::default());
+    let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
+    let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
+    let e = err(
+        &apply(&mut s, arrive("b", 5, 60_000, &[], 0), 2100),
+        Code::Internal,
+    );
+    // Task 0's earlier call is superseded (CANCELLED, no payload) ...
+    let first = failed(&s, "b", 0, c0);
+    assert_eq!(first.code, Code::Cancelled as i32, "{first:?}");
+    assert!(!first.coordination_payload);
+    // ... and everyone else gets the mismatch.
+    assert_eq!(failed(&s, "b", 0, c1), e);
+}
+
+#[test]
+fn counter_zero_after_a_mismatch_on_an_unused_id_fails_the_task_check() {
+    let mut s = cluster(2, Opts::default());
+    err(
+        &apply(&mut s, arrive("u", 2, 60_000, &[], 0), 2000),
+        Code::Internal,
+    );
+    let e = err(
+        &apply(&mut s, arrive("u", 0, 60_000, &[], 0), 2100),
+        Code::InvalidArgument,
+    );
+    contains(&e, "u::0: No tasks were specified by the client");
+    let e = err(
+        &apply(&mut s, arrive("u", 0, 60_000, &[0, 1], 1), 2200),
+        Code::InvalidArgument,
+    );
+    contains(&e, "Conflicting tasks specified");
+    // The next counter opens a normal instance.
+    parked(&apply(&mut s, arrive("u", 1, 60_000, &[], 0), 2300));
+    ok(&apply(&mut s, arrive("u", 1, 60_000, &[], 1), 2300));
 }

@@ -224,10 +224,7 @@ fn shutdown_task_internal_barrier_failed() {
         expire(&shutdown_barrier_id(SVC_INC), 0),
         7000,
     ));
-    code_is(
-        &s.shutdown_result(0, c).unwrap().unwrap_err(),
-        Code::Internal,
-    );
+    code_is(&s.shutdown_result(c).unwrap().unwrap_err(), Code::Internal);
 }
 
 #[test]
@@ -313,7 +310,7 @@ fn barrier_deadline_exceeded_timeout() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, expire("b", 0), 3000));
-    let e = s.barrier_result("b", 0, 0, c).unwrap().unwrap_err();
+    let e = s.barrier_result("b", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::DeadlineExceeded);
     assert!(e.barrier.is_some());
 }
@@ -340,7 +337,7 @@ fn barrier_internal_counter_mismatch_and_participant_error() {
     parked(&apply(&mut s, poll(0), 1500));
     let c = parked(&apply(&mut s, arrive("c", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 2100));
-    let e = s.barrier_result("c", 0, 0, c).unwrap().unwrap_err();
+    let e = s.barrier_result("c", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     assert!(e.barrier.is_some());
 }
@@ -350,7 +347,7 @@ fn barrier_cancelled_via_cancel_barrier_with_payload() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, cancel("b", 0, 0), 2100));
-    let e = s.barrier_result("b", 0, 0, c).unwrap().unwrap_err();
+    let e = s.barrier_result("b", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::Cancelled);
     assert!(e.barrier.is_some() && e.coordination_payload);
 }
@@ -360,7 +357,7 @@ fn barrier_cancelled_superseded_duplicate_without_payload() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
-    let e = s.barrier_result("b", 0, 0, c).unwrap().unwrap_err();
+    let e = s.barrier_result("b", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::Cancelled);
     assert!(e.barrier.is_none() && !e.coordination_payload);
 }

@@ -181,7 +181,7 @@ fn task_error_fails_barriers_that_include_it_only() {
     let v = s.tasks_version();
     ok(&apply(&mut s, report(2, Code::Internal, "dead"), 2100));
     assert!(s.tasks_version() > v);
-    let e = s.barrier_result("all", 0, 0, all).unwrap().unwrap_err();
+    let e = s.barrier_result("all", 0, all).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -189,9 +189,9 @@ fn task_error_fails_barriers_that_include_it_only() {
     );
     assert_eq!(e.barrier.as_ref().unwrap().id, "all");
     assert_eq!(e.barrier.as_ref().unwrap().counter, 0);
-    assert_eq!(s.barrier_result("sub", 0, 0, sub), None);
+    assert_eq!(s.barrier_result("sub", 0, sub), None);
     assert_eq!(s.barrier("sub").unwrap().status(), BarrierStatus::Pending);
     let out = apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 1), 2200);
     ok(&out);
-    assert_eq!(s.barrier_result("sub", 0, 0, sub), Some(Ok(0)));
+    assert_eq!(s.barrier_result("sub", 0, sub), Some(Ok(0)));
 }

@@ -151,7 +151,7 @@ fn recoverable_task_reconnects_with_new_incarnation_and_leaves_barriers() {
     assert_eq!(s.task(1).unwrap().incarnation, 777);
     assert!(s.tasks_version() > v);
     // The stale barrier call is cancelled, the barrier itself goes on.
-    let e = s.barrier_result("b", 0, 1, c1).unwrap().unwrap_err();
+    let e = s.barrier_result("b", 0, c1).unwrap().unwrap_err();
     code_is(&e, Code::Cancelled);
     contains(&e, "Stale barrier invocation is cancelled because:");
     assert_eq!(e.barrier.as_ref().map(|b| b.id.as_str()), Some("b"));

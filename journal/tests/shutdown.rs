@@ -12,14 +12,14 @@ fn shutdown_barrier_waits_for_all_then_disconnects_everyone() {
         .collect();
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     let c1 = parked(&apply(&mut s, shutdown(1), 2100));
-    assert_eq!(s.shutdown_result(0, c0), None);
+    assert_eq!(s.shutdown_result(c0), None);
     assert_eq!(s.task_status(0), Some(TaskStatus::Connected));
     let id = shutdown_barrier_id(SVC_INC);
     assert_eq!(id, format!("Shutdown::{SVC_INC}"));
     assert_eq!(s.barrier(&id).unwrap().deadline_ms, 2000 + 5_000);
     ok(&apply(&mut s, shutdown(2), 2200));
-    assert_eq!(s.shutdown_result(0, c0), Some(Ok(())));
-    assert_eq!(s.shutdown_result(1, c1), Some(Ok(())));
+    assert_eq!(s.shutdown_result(c0), Some(Ok(())));
+    assert_eq!(s.shutdown_result(c1), Some(Ok(())));
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
     for (t, p) in polls.into_iter().enumerate() {
         let e = s.poll_result(t as u32, p).unwrap();
@@ -36,7 +36,7 @@ fn shutdown_barrier_timeout_fails_callers_and_sets_all_tasks_error() {
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     let id = shutdown_barrier_id(SVC_INC);
     ok(&apply(&mut s, expire(&id, 0), 7000));
-    let e = s.shutdown_result(0, c0).unwrap().unwrap_err();
+    let e = s.shutdown_result(c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -71,7 +71,7 @@ fn shutdown_barrier_fails_when_a_participant_errors_while_pending() {
     parked(&apply(&mut s, poll(1), 1500));
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     ok(&apply(&mut s, unhealthy(&[2]), 3000));
-    let e = s.shutdown_result(0, c0).unwrap().unwrap_err();
+    let e = s.shutdown_result(c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(&e, "Shutdown barrier has failed.");
     contains(&e, "Barrier failed because: task is set to ERROR");
@@ -119,7 +119,7 @@ fn disconnect_fails_ongoing_barriers_of_the_task() {
     let mut s = cluster(3, Opts::no_shutdown_barrier());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     ok(&apply(&mut s, shutdown(2), 2100));
-    let e = s.barrier_result("b", 0, 0, c0).unwrap().unwrap_err();
+    let e = s.barrier_result("b", 0, c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,

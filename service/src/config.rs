@@ -64,6 +64,18 @@ pub struct ServeOptions {
     /// Tasks may reconnect with a new incarnation; errors are not propagated [default: false]
     #[arg(long)]
     pub recoverable: Option<bool>,
+    /// Deliver a propagated error to each connected task as TensorFlow's
+    /// service does (its heartbeat reply, and a ReportErrorToTask push when
+    /// --tf-cluster-spec gives its address); the tasks stay CONNECTED. Off:
+    /// XLA's PollForError delivery [default: true with --job, false with --tasks]
+    #[arg(long)]
+    pub notify_tasks: Option<bool>,
+    /// The TensorFlow tasks' addresses, for pushing errors: the ClusterSpec
+    /// JSON ({"worker": ["host:port", ...], ...}) or a whole TF_CONFIG
+    /// ({"cluster": {...}, ...}), inline or as @FILE. Jobs not named by --job
+    /// (the service's own entry, e.g. "ps") are ignored
+    #[arg(long)]
+    pub tf_cluster_spec: Option<String>,
     /// Largest gRPC message in either direction [default: 536870912]
     #[arg(long)]
     pub max_message_bytes: Option<usize>,
@@ -138,6 +150,41 @@ pub struct ServeConfig {
     pub peer_overrides: std::collections::HashMap<u64, String>,
     /// Join instead of bootstrapping.
     pub join: bool,
+    /// Each TensorFlow task's address (job name → addresses by task id),
+    /// from --tf-cluster-spec; empty when not given.
+    pub tf_addresses: BTreeMap<String, Vec<String>>,
+}
+
+/// Reads a ClusterSpec (`{"job": ["host:port", ...]}`) or a TF_CONFIG
+/// (`{"cluster": {...}, "task": {...}}`), inline JSON or `@FILE`.
+pub fn parse_tf_cluster_spec(value: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let text = match value.strip_prefix('@') {
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| format!("--tf-cluster-spec {path}: {e}"))?
+        }
+        None => value.to_string(),
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("--tf-cluster-spec: not JSON: {e}"))?;
+    let cluster = json.get("cluster").unwrap_or(&json);
+    let jobs = cluster
+        .as_object()
+        .ok_or("--tf-cluster-spec: expected an object of job name -> [addresses]")?;
+    let mut out = BTreeMap::new();
+    for (job, addrs) in jobs {
+        let list = addrs
+            .as_array()
+            .ok_or_else(|| format!("--tf-cluster-spec: job {job}: expected a list of addresses"))?
+            .iter()
+            .map(|a| {
+                a.as_str().map(str::to_string).ok_or_else(|| {
+                    format!("--tf-cluster-spec: job {job}: addresses must be strings")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.insert(job.clone(), list);
+    }
+    Ok(out)
 }
 
 fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
@@ -181,6 +228,8 @@ impl ServeOptions {
             shutdown_timeout_ms,
             register_with_barrier,
             recoverable,
+            notify_tasks,
+            tf_cluster_spec,
             max_message_bytes,
             max_keys,
             max_client_sessions,
@@ -238,6 +287,25 @@ impl ServeOptions {
                 jobs.push(JobSpec { name, count });
             }
         }
+        let tf_jobs = !jobs.is_empty();
+        let tf_addresses = match &self.tf_cluster_spec {
+            Some(v) => parse_tf_cluster_spec(v)?,
+            None => BTreeMap::new(),
+        };
+        if !tf_addresses.is_empty() {
+            for j in &jobs {
+                let have = tf_addresses.get(&j.name).map_or(0, Vec::len);
+                if have < j.count as usize {
+                    return Err(format!(
+                        "--tf-cluster-spec lists {have} address(es) for job {}, --job says {}",
+                        j.name, j.count
+                    ));
+                }
+            }
+            if !tf_jobs {
+                return Err("--tf-cluster-spec needs the coordinated jobs named with --job".into());
+            }
+        }
         if jobs.is_empty() {
             jobs.push(JobSpec {
                 name: journal::JAX_JOB.into(),
@@ -260,6 +328,7 @@ impl ServeOptions {
             watch_history_bytes: self
                 .watch_history_bytes
                 .unwrap_or(journal::DEFAULT_WATCH_HISTORY_BYTES),
+            notify_tasks: self.notify_tasks.unwrap_or(tf_jobs),
         };
         let mut raft = raft::RaftSettings::default();
         if let Some(v) = self.snapshot_every {
@@ -304,6 +373,7 @@ impl ServeOptions {
             leader_wait_ms: self.leader_wait_ms.unwrap_or(30_000),
             peer_overrides,
             join: self.join.unwrap_or(false),
+            tf_addresses,
         })
     }
 }
@@ -376,5 +446,45 @@ mod tests {
             .map(|j| j.name.as_str())
             .collect();
         assert_eq!(names, ["worker", "ps"]);
+        assert!(c.coordination.notify_tasks, "TensorFlow jobs get notices");
+        assert!(!opts().resolve().unwrap().coordination.notify_tasks);
+    }
+
+    #[test]
+    fn tf_cluster_spec_from_a_cluster_spec_or_a_tf_config() {
+        let mut o = opts();
+        o.job = vec!["worker=2".into()];
+        o.tf_cluster_spec =
+            Some(r#"{"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:9"]}"#.into());
+        let c = o.resolve().unwrap();
+        assert_eq!(c.tf_addresses["worker"], ["127.0.0.1:1", "127.0.0.1:2"]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tf_config.json");
+        std::fs::write(
+            &file,
+            r#"{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}"#,
+        )
+        .unwrap();
+        let mut o = opts();
+        o.job = vec!["worker=2".into()];
+        o.tf_cluster_spec = Some(format!("@{}", file.display()));
+        assert_eq!(o.resolve().unwrap().tf_addresses["worker"], ["a:1", "b:2"]);
+
+        // Too few addresses, not JSON, no --job: clear errors.
+        let mut o = opts();
+        o.job = vec!["worker=3".into()];
+        o.tf_cluster_spec = Some(r#"{"worker": ["a:1"]}"#.into());
+        assert!(o
+            .resolve()
+            .unwrap_err()
+            .contains("1 address(es) for job worker"));
+        let mut o = opts();
+        o.job = vec!["worker=1".into()];
+        o.tf_cluster_spec = Some("worker=a:1".into());
+        assert!(o.resolve().unwrap_err().contains("not JSON"));
+        let mut o = opts();
+        o.tf_cluster_spec = Some(r#"{"worker": ["a:1"]}"#.into());
+        assert!(o.resolve().unwrap_err().contains("--job"));
     }
 }

@@ -204,9 +204,19 @@ impl Coordination {
 
     /// RegisterTask: answers the service incarnation once the task is
     /// connected (after the registration barrier, if configured).
-    pub async fn register(&self, task: u32, incarnation: u64) -> CallResult<u64> {
+    /// `recoverable`: the task declares itself recoverable (TensorFlow).
+    pub async fn register(
+        &self,
+        task: u32,
+        incarnation: u64,
+        recoverable: bool,
+    ) -> CallResult<u64> {
         let (applied, out) = self
-            .propose(Command::RegisterTask(RegisterTask { task, incarnation }))
+            .propose(Command::RegisterTask(RegisterTask {
+                task,
+                incarnation,
+                recoverable,
+            }))
             .await?;
         let inc = if out.parked {
             self.wait(&applied, |s| s.registration_result(task, incarnation))
@@ -258,15 +268,15 @@ impl Coordination {
         Ok(self.read(|s| s.service_incarnation()))
     }
 
-    /// ShutdownTask (waits at the shutdown barrier if configured).
-    pub async fn shutdown(&self, task: u32) -> CallResult<()> {
+    /// ShutdownTask (waits at the shutdown barrier if configured, unless
+    /// the task declares itself recoverable).
+    pub async fn shutdown(&self, task: u32, recoverable: bool) -> CallResult<()> {
         let (applied, out) = self
-            .propose(Command::ShutdownTask(ShutdownTask { task }))
+            .propose(Command::ShutdownTask(ShutdownTask { task, recoverable }))
             .await?;
         if out.parked {
             let call = out.call_id;
-            self.wait(&applied, |s| s.shutdown_result(task, call))
-                .await?;
+            self.wait(&applied, |s| s.shutdown_result(call)).await?;
         }
         Ok(())
     }
@@ -326,6 +336,17 @@ impl Coordination {
         .await
     }
 
+    /// The stored entries of `tasks` (linearizable), for GetTaskState.
+    pub async fn task_entries(&self, tasks: &[u32]) -> CallResult<Vec<TaskEntry>> {
+        self.core.linearizable().await?;
+        Ok(self.read(|s| {
+            tasks
+                .iter()
+                .map(|&i| s.task(i).cloned().unwrap_or_default())
+                .collect()
+        }))
+    }
+
     /// InsertKeyValue.
     pub async fn kv_insert(
         &self,
@@ -380,7 +401,8 @@ impl Coordination {
         Ok(())
     }
 
-    /// Barrier: the instance counter once it passed.
+    /// Barrier: the instance counter once it passed. `recoverable`: the
+    /// caller declares itself recoverable (TensorFlow).
     #[allow(clippy::too_many_arguments)]
     pub async fn barrier(
         &self,
@@ -390,6 +412,7 @@ impl Coordination {
         participants: Vec<u32>,
         unknown_participant: String,
         task: u32,
+        recoverable: bool,
     ) -> CallResult<i64> {
         let (applied, out) = self
             .propose(Command::BarrierArrive(BarrierArrive {
@@ -399,13 +422,15 @@ impl Coordination {
                 participants,
                 task,
                 unknown_participant,
+                recoverable,
             }))
             .await?;
         if !out.parked {
             return Ok(out.value);
         }
-        let call = out.call_id;
-        self.wait(&applied, |s| s.barrier_result(&id, counter, task, call))
+        // The waiter parks on the instance the call joined or opened.
+        let (call, instance) = (out.call_id, out.value);
+        self.wait(&applied, |s| s.barrier_result(&id, instance, call))
             .await
     }
 
@@ -443,8 +468,7 @@ impl Coordination {
             .await?;
         if out.parked {
             let call = out.call_id;
-            self.wait(&applied, |s| s.wait_for_all_result(task, call))
-                .await?;
+            self.wait(&applied, |s| s.wait_for_all_result(call)).await?;
         }
         Ok(self.read(|s| s.cluster_device_info()))
     }

@@ -68,6 +68,16 @@ impl Core {
         }
     }
 
+    /// This core with a leader runtime that pushes errors to the
+    /// TensorFlow tasks at `tf_addresses` (see [`crate::push`]).
+    pub fn with_tf_addresses(
+        mut self,
+        tf_addresses: std::collections::BTreeMap<String, Vec<String>>,
+    ) -> Self {
+        self.runtime = Arc::new(LeaderRuntime::new(tf_addresses));
+        self
+    }
+
     /// The node.
     pub fn node(&self) -> &Arc<RaftNode> {
         &self.node

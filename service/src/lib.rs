@@ -12,5 +12,6 @@ pub mod core;
 pub mod ctl;
 pub mod dialect;
 pub mod node_api;
+pub mod push;
 pub mod runtime;
 pub mod server;

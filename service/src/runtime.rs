@@ -14,19 +14,30 @@ use journal::{DomainError, HeartbeatCheck, Update};
 use raft::Role;
 
 use crate::core::{now_ms, Core, Retry};
+use crate::push::ErrorPusher;
 
 /// Timer granularity of the leader runtime.
 pub const TICK: Duration = Duration::from_millis(100);
 /// Most time one timer-driven proposal may take before the next tick.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Liveness bookkeeping of the leader.
+/// Liveness bookkeeping of the leader, and its error pushes.
 #[derive(Default)]
 pub struct LeaderRuntime {
     last_seen: Mutex<HashMap<u32, Instant>>,
+    pusher: ErrorPusher,
 }
 
 impl LeaderRuntime {
+    /// A runtime that pushes propagated errors to the TensorFlow tasks at
+    /// `tf_addresses` (job name → addresses by task id; empty: no pushes).
+    pub fn new(tf_addresses: std::collections::BTreeMap<String, Vec<String>>) -> Self {
+        LeaderRuntime {
+            last_seen: Mutex::default(),
+            pusher: ErrorPusher::new(tf_addresses),
+        }
+    }
+
     fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Instant>> {
         self.last_seen.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -104,6 +115,7 @@ impl LeaderRuntime {
             if !leader || core.node().role() != Role::Leader {
                 if led_term.take().is_some() {
                     self.seen().clear();
+                    self.pusher.reset();
                 }
                 continue;
             }
@@ -117,8 +129,13 @@ impl LeaderRuntime {
                     seen.insert(task, now);
                 }
                 led_term = Some(term);
+                drop(seen);
+                self.pusher.reset();
             }
             self.fire_timers(&core).await;
+            core.node()
+                .state()
+                .read(|s| self.pusher.push_new_notices(s));
         }
     }
 

@@ -67,11 +67,14 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         peer_overrides: cfg.peer_overrides.clone(),
     })
     .await?;
-    let core = Arc::new(Core::new(
-        node.clone(),
-        Duration::from_millis(cfg.leader_wait_ms),
-        cfg.max_message_bytes,
-    ));
+    let core = Arc::new(
+        Core::new(
+            node.clone(),
+            Duration::from_millis(cfg.leader_wait_ms),
+            cfg.max_message_bytes,
+        )
+        .with_tf_addresses(cfg.tf_addresses.clone()),
+    );
 
     let coord = Coordination::new(core.clone(), Duration::from_millis(cfg.leader_wait_ms));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

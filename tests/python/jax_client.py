@@ -269,6 +269,7 @@ class Ops:
         else:
             self.skip("barrier_non_participant", "needs N >= 2")
         self.barrier_conflicting()
+        self.barrier_different_subset()
         self.phase("barriers_done")
 
         # ---------------- live nodes
@@ -520,6 +521,32 @@ class Ops:
                                             f"{self.ns}/b/conflict", self.to, list(range(n))))
         else:
             self.skip("barrier_conflicting_tasks", "only tasks 0 and 1 take part")
+
+    def barrier_different_subset(self):
+        """Task 0 passes an id alone; task 1 then calls it with [1] (XLA's
+        WaitAtBarrier_DifferentSubset_Fails): the finished instance checks
+        the late caller's arguments first."""
+        c, k, n = self.client, self.k, self.n
+        if n < 2:
+            self.skip("barrier_different_subset", "needs N >= 2")
+            return
+        bid, passed = f"{self.ns}/b/diffsub", f"{self.ns}/diffsub/passed"
+        if k == 0:
+            def alone():
+                c.wait_at_barrier(bid, self.to, [0])
+                c.key_value_set(passed, "yes")
+                return {"passed_alone": [0]}
+            self.check("barrier_different_subset", alone)
+        elif k == 1:
+            def late():
+                c.blocking_key_value_get(passed, self.to)
+                d = expect_error("INVALID_ARGUMENT", c.wait_at_barrier, bid, self.to, [1])
+                if "Conflicting tasks" not in d["message"]:
+                    raise CheckFailed(f"unexpected message: {d['message']}")
+                return d
+            self.check("barrier_different_subset", late)
+        else:
+            self.skip("barrier_different_subset", "only tasks 0 and 1 take part")
 
     # -- live nodes
     def live_all(self):
@@ -799,6 +826,49 @@ def run_alive(args) -> int:
     return 0
 
 
+def run_rejoin(args) -> int:
+    """A recoverable task restarts and rejoins a reused barrier id (XLA's
+    RecoverableClient_RestartsAndStartsBarrier). Roles:
+    first  -- pass the id --rounds times, then exit without shutdown (the
+              "crash"); its agent's counters die with it;
+    peer   -- pass the id --rounds times, print PASSED, wait for a line on
+              stdin, then wait at the id once more (counter = rounds);
+    again  -- the restarted task: connect, wait at the id (counter 0).
+    peer and again then pass an all-task barrier and shut down."""
+    c = make_client(args)
+    bid = f"{args.namespace}/b/rejoin"
+
+    def step(name, fn, *a):
+        try:
+            r = fn(*a)
+        except Exception as e:  # noqa: BLE001
+            emit({"check": name, "ok": False,
+                  "detail": {"code": error_code(e), "error": short(e)}})
+            sys.stdout.flush()
+            os._exit(1)
+        emit({"check": name, "ok": True, "detail": {}})
+        return r
+
+    step("connect", c.connect)
+    if args.role in ("first", "peer"):
+        for i in range(args.rounds):
+            step(f"round_{i}", c.wait_at_barrier, bid, args.timeout_ms)
+    if args.role == "first":
+        sys.stdout.flush()
+        os._exit(0)
+    if args.role == "peer":
+        with _out_lock:
+            sys.stdout.write("PASSED\n")
+            sys.stdout.flush()
+        sys.stdin.readline()
+    step("rejoined", c.wait_at_barrier, bid, args.timeout_ms)
+    step("before_shutdown", c.wait_at_barrier, f"{args.namespace}/b/before_shutdown",
+         args.timeout_ms)
+    step("shutdown", c.shutdown)
+    emit({"check": "rejoin", "ok": True, "detail": {"role": args.role}})
+    return 0
+
+
 # --------------------------------------------------------------------------
 # CLI
 
@@ -861,6 +931,11 @@ def main(argv=None) -> int:
     sp.add_argument("--kv", action="store_true", help="set and read back a key every round")
     sp.add_argument("--pause-ms", type=float, default=200, help="pause between rounds")
 
+    sp = sub.add_parser("rejoin", help="a recoverable task restarts and rejoins a barrier")
+    common(sp, 120)
+    sp.add_argument("--role", choices=["first", "peer", "again"], required=True)
+    sp.add_argument("--rounds", type=int, default=3)
+
     args = p.parse_args(argv)
     if args.deadline is None:  # loop, alive
         args.deadline = args.seconds + 120
@@ -874,6 +949,8 @@ def main(argv=None) -> int:
         rc = run_loop(args)
     elif args.cmd == "alive":
         rc = run_alive(args)
+    elif args.cmd == "rejoin":
+        rc = run_rejoin(args)
     else:
         rc = run_hold(args)
     sys.stdout.flush()

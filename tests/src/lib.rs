@@ -436,6 +436,34 @@ pub async fn connect(addr: &str, wait: Duration) -> NodeClient<Channel> {
     }
 }
 
+/// The whole journal state of the node at `addr` (read linearizably).
+pub async fn journal_state(addr: &str) -> journal::State {
+    let mut c = connect(addr, Duration::from_secs(30)).await;
+    let snapshot = c
+        .state(proto::coordstore::StateRequest {})
+        .await
+        .expect("State")
+        .into_inner()
+        .snapshot;
+    journal::State::decode_snapshot(&snapshot).expect("journal state")
+}
+
+/// Waits until the journal state at `addr` satisfies `cond`, or panics after
+/// `wait`.
+pub async fn wait_state(addr: &str, wait: Duration, cond: impl Fn(&journal::State) -> bool) {
+    let deadline = Instant::now() + wait;
+    loop {
+        if cond(&journal_state(addr).await) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the journal state at {addr} did not reach the condition in {wait:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The status of the node at `addr`, if it answers within a second.
 pub async fn try_status(addr: &str) -> Option<StatusResponse> {
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))

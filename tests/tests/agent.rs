@@ -39,6 +39,7 @@ fn task(job: &str, id: i32) -> CoordinatedTask {
     CoordinatedTask {
         job_name: job.into(),
         task_id: id,
+        recoverable: false,
     }
 }
 

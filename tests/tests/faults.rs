@@ -367,7 +367,10 @@ async fn forwarded_increments_count_once_across_leader_kills_under_load() {
                         key: format!("load/{w}/{n}"),
                         value: vec![7u8; 64].into(),
                     };
-                    let req = proto::tf::InsertKeyValueRequest { kv: Some(kv) };
+                    let req = proto::tf::InsertKeyValueRequest {
+                        kv: Some(kv),
+                        allow_overwrite: false,
+                    };
                     if c.insert_key_value(req).await.is_ok() {
                         writes.fetch_add(1, Ordering::Relaxed);
                     }

@@ -271,3 +271,64 @@ fn a_jaxlib_client_on_a_cut_off_node_learns_its_fate_from_the_majority() {
     );
     eprintln!("the cut-off task ended {took:?} after the partition began");
 }
+
+/// A recoverable job passes a barrier id three times; task 0's process dies
+/// without shutting down and a new one takes its place (its agent's counter
+/// for the id is 0 again) and calls the id first, then task 1 calls it with
+/// counter 3 (XLA's RecoverableClient_RestartsAndStartsBarrier). Both pass
+/// together, then an all-task barrier and shutdown pass. Clients on a
+/// follower of three.
+#[test]
+fn a_restarted_recoverable_task_rejoins_a_reused_barrier() {
+    let cluster = Cluster::start(3, &["--tasks", "2", "--recoverable", "true"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let addr = cluster.nodes[(leader + 1) % 3].addr.clone();
+    let spawn = |task: usize, role: &str| {
+        PyProc::spawn(
+            "jax_client.py",
+            &client_args(
+                "rejoin",
+                &addr,
+                task,
+                2,
+                &["--role", role, "--namespace", "rejoin"],
+            ),
+            cluster.dir.path(),
+        )
+    };
+    let mut first = spawn(0, "first");
+    let mut peer = spawn(1, "peer");
+    let status = first.wait_exit(RUN);
+    assert!(status.success(), "{status}\n{}", first.report());
+    peer.wait_line("PASSED", WAIT);
+
+    // The restarted task calls first: wait until its call is parked at
+    // instance 3 of the id, then let task 1 in.
+    let mut again = spawn(0, "again");
+    rt.block_on(coordstore_tests::wait_state(&addr, WAIT, |s| {
+        s.barrier("rejoin/b/rejoin").is_some_and(|b| {
+            b.counter == 3
+                && b.status() == journal::pb::BarrierStatus::Pending
+                && b.arrivals.contains_key(&0)
+        })
+    }));
+    peer.send_line("go");
+    for p in [&mut again, &mut peer] {
+        let status = p.wait_exit(RUN);
+        assert!(
+            status.success() && p.failed_checks().is_empty(),
+            "{status}: {:?}\n{}\n{}",
+            p.failed_checks(),
+            p.report(),
+            cluster.logs()
+        );
+        assert!(
+            p.lines()
+                .iter()
+                .any(|l| l.contains("\"check\": \"rejoin\", \"ok\": true")),
+            "{}",
+            p.report()
+        );
+    }
+}

@@ -17,6 +17,7 @@ fn task(job: &str, id: i32) -> Option<CoordinatedTask> {
     Some(CoordinatedTask {
         job_name: job.into(),
         task_id: id,
+        recoverable: false,
     })
 }
 
@@ -65,6 +66,7 @@ async fn named_jobs_device_info_barriers_and_reset() {
                 .wait_for_all_tasks(WaitForAllTasksRequest {
                     local_device_info: devices(&[&dev]),
                     source_task: task(job, id),
+                    device_info: None,
                 })
                 .await
                 .expect("wait for all")
@@ -104,6 +106,7 @@ async fn named_jobs_device_info_barriers_and_reset() {
             key: "cfg/lr".into(),
             value: "0.1".into(),
         }),
+        allow_overwrite: false,
     })
     .await
     .unwrap();
@@ -113,6 +116,7 @@ async fn named_jobs_device_info_barriers_and_reset() {
                 key: "cfg/lr".into(),
                 value: "0.2".into(),
             }),
+            allow_overwrite: false,
         })
         .await
         .unwrap_err();
@@ -139,6 +143,7 @@ async fn named_jobs_device_info_barriers_and_reset() {
                 barrier_timeout_in_ms: 10_000,
                 tasks: ws,
                 source_task: task("worker", 1),
+                counter: 0,
             })
             .await
         });
@@ -147,6 +152,7 @@ async fn named_jobs_device_info_barriers_and_reset() {
             barrier_timeout_in_ms: 10_000,
             tasks: workers.clone(),
             source_task: task("worker", 0),
+            counter: 0,
         })
         .await
         .unwrap();
@@ -159,6 +165,7 @@ async fn named_jobs_device_info_barriers_and_reset() {
             barrier_timeout_in_ms: 10_000,
             tasks: workers.clone(),
             source_task: task("ps", 0),
+            counter: 0,
         })
         .await
         .unwrap_err();

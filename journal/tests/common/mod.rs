@@ -20,6 +20,7 @@ pub struct Opts {
     pub max_keys: u64,
     pub watch_history_bytes: u64,
     pub session_horizon_ms: u64,
+    pub notify_tasks: bool,
 }
 
 impl Default for Opts {
@@ -35,6 +36,7 @@ impl Default for Opts {
             max_keys: 0,
             watch_history_bytes: 0,
             session_horizon_ms: 0,
+            notify_tasks: false,
         }
     }
 }
@@ -43,6 +45,13 @@ impl Opts {
     pub fn recoverable() -> Self {
         Opts {
             recoverable: true,
+            ..Default::default()
+        }
+    }
+    /// TensorFlow's error delivery: notices to connected tasks.
+    pub fn notify_tasks() -> Self {
+        Opts {
+            notify_tasks: true,
             ..Default::default()
         }
     }
@@ -74,6 +83,7 @@ pub fn config_jobs(jobs: &[(&str, u32)], o: &Opts) -> ClusterConfig {
         max_keys: o.max_keys,
         watch_history_bytes: o.watch_history_bytes,
         session_horizon_ms: o.session_horizon_ms,
+        notify_tasks: o.notify_tasks,
     }
 }
 
@@ -186,7 +196,20 @@ pub fn reset_epoch(inc: u64, config: Option<ClusterConfig>) -> Command {
 }
 
 pub fn register(task: u32, incarnation: u64) -> Command {
-    Command::RegisterTask(pb::RegisterTask { task, incarnation })
+    Command::RegisterTask(pb::RegisterTask {
+        task,
+        incarnation,
+        recoverable: false,
+    })
+}
+
+/// RegisterTask of a task that declares itself recoverable (TensorFlow).
+pub fn register_recoverable(task: u32, incarnation: u64) -> Command {
+    Command::RegisterTask(pb::RegisterTask {
+        task,
+        incarnation,
+        recoverable: true,
+    })
 }
 
 pub fn heartbeat(task: u32, incarnation: u64) -> Command {
@@ -212,7 +235,10 @@ pub fn poll(task: u32) -> Command {
 }
 
 pub fn shutdown(task: u32) -> Command {
-    Command::ShutdownTask(pb::ShutdownTask { task })
+    Command::ShutdownTask(pb::ShutdownTask {
+        task,
+        recoverable: false,
+    })
 }
 
 pub fn reset_task(task: u32) -> Command {
@@ -246,6 +272,20 @@ pub fn arrive(id: &str, counter: i64, timeout_ms: u64, participants: &[u32], tas
         participants: participants.to_vec(),
         task,
         unknown_participant: String::new(),
+        recoverable: false,
+    })
+}
+
+/// A barrier arrival of a caller that declares itself recoverable.
+pub fn arrive_recoverable(id: &str, counter: i64, participants: &[u32], task: u32) -> Command {
+    Command::BarrierArrive(pb::BarrierArrive {
+        id: id.into(),
+        counter,
+        timeout_ms: 60_000,
+        participants: participants.to_vec(),
+        task,
+        unknown_participant: String::new(),
+        recoverable: true,
     })
 }
 
@@ -263,6 +303,7 @@ pub fn arrive_unknown(
         participants: participants.to_vec(),
         task,
         unknown_participant: unknown.into(),
+        recoverable: false,
     })
 }
 

@@ -1,8 +1,12 @@
-//! `tensorflow.CoordinationService` (seed 003): named jobs addressed as
+//! `tensorflow.CoordinationService` as seed 003 and TensorFlow 2.21 speak it
+//! (reference coordination-service.md §8): named jobs addressed as
 //! `CoordinatedTask{job_name, task_id}`, WaitForAllTasks with device-info
-//! aggregation, ResetTask. No service-incarnation check on requests (the
-//! dialect carries none); barriers have no counters (counter 0, so a finished
-//! barrier id replays its result, as the seed documents).
+//! aggregation, ResetTask, GetTaskState, PollForError. No
+//! service-incarnation check on requests (the dialect carries none). Both
+//! message generations are read and answered: the seed's fields and 2.21's
+//! share numbers except device info (seed 4/3, 2.21 6/4), and a seed client
+//! sends no barrier counter (0: a finished id replays its result, as the seed
+//! documents) while a 2.21 client counts instances per id as jaxlib does.
 
 use std::collections::HashMap;
 
@@ -59,6 +63,7 @@ pub(crate) fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
                 s.task_id(i).map(|(job, id)| CoordinatedTask {
                     job_name: job.to_string(),
                     task_id: id,
+                    recoverable: false,
                 })
             })
         });
@@ -70,6 +75,13 @@ pub(crate) fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
             payload_keys::COORDINATION_SERVICE_ERROR.to_string(),
             p.encode_to_vec(),
         );
+    }
+    if let Some(b) = &e.barrier {
+        let p = BarrierError {
+            barrier_id: b.id.clone(),
+            counter: b.counter,
+        };
+        payloads.insert(payload_keys::BARRIER_ERROR.to_string(), p.encode_to_vec());
     }
     status_with_payloads(e.code, &e.message, payloads)
 }
@@ -84,19 +96,50 @@ pub(crate) fn task_index(coord: &Coordination, job: &str, id: i32, call: U) -> R
     })
 }
 
-/// Aggregates per-task device info (each a serialized
-/// CoordinationServiceDeviceInfo) into the cluster's: TF device lists are
-/// concatenated; XLA topologies are merged the protobuf way (concatenating
-/// serialized messages merges them, which appends their repeated nodes).
-fn aggregate_devices(infos: Vec<Bytes>) -> CoordinationServiceDeviceInfo {
+/// What the journal keeps of a task's WaitForAllTasks: both generations'
+/// device fields of its request (seed field 4, TF 2.21 field 6), encoded as
+/// the request message itself without its source task.
+fn stored_devices(r: &WaitForAllTasksRequest) -> Bytes {
+    WaitForAllTasksRequest {
+        local_device_info: r.local_device_info.clone(),
+        device_info: r.device_info.clone(),
+        source_task: None,
+    }
+    .encode_to_vec()
+    .into()
+}
+
+/// The cluster's devices in both generations from every task's stored
+/// request (task order): the seed's aggregate, and TF 2.21's list, each
+/// task's devices concatenated.
+fn cluster_devices(stored: Vec<Bytes>) -> (CoordinationServiceDeviceInfo, DeviceInfo) {
+    let requests: Vec<WaitForAllTasksRequest> = stored
+        .iter()
+        .filter_map(|raw| WaitForAllTasksRequest::decode(raw.as_ref()).ok())
+        .collect();
+    let all = DeviceInfo {
+        device: requests
+            .iter()
+            .filter_map(|r| r.device_info.as_ref())
+            .flat_map(|d| d.device.iter().cloned())
+            .collect(),
+    };
+    let seed = aggregate_devices(requests.into_iter().filter_map(|r| r.local_device_info));
+    (seed, all)
+}
+
+/// Aggregates per-task device info (the seed's CoordinationServiceDeviceInfo)
+/// into the cluster's: TF device lists are concatenated; XLA topologies are
+/// merged the protobuf way (concatenating serialized messages merges them,
+/// which appends their repeated nodes).
+fn aggregate_devices(
+    infos: impl Iterator<Item = CoordinationServiceDeviceInfo>,
+) -> CoordinationServiceDeviceInfo {
     let mut tf_devices = Vec::new();
     let mut xla = BytesMut::new();
     let mut any_tf = false;
-    for raw in infos {
-        match CoordinationServiceDeviceInfo::decode(raw.as_ref())
-            .ok()
-            .and_then(|d| d.r#type)
-        {
+    for info in infos {
+        match info.r#type {
             Some(DeviceType::Tf(list)) => {
                 any_tf = true;
                 tf_devices.extend(list.devices);
@@ -127,8 +170,9 @@ impl CoordinationService for TfService {
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::Register)?;
+        let recoverable = r.source_task.as_ref().is_some_and(|t| t.recoverable);
         let inc = coord
-            .register(task, r.incarnation)
+            .register(task, r.incarnation, recoverable)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(RegisterTaskResponse {
@@ -158,14 +202,15 @@ impl CoordinationService for TfService {
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::WaitForAllTasks)?;
-        let info = r.local_device_info.unwrap_or_default().encode_to_vec();
         let infos = coord
-            .wait_for_all_tasks(task, info.into())
+            .wait_for_all_tasks(task, stored_devices(&r))
             .await
             .map_err(|e| self.status(e))?;
+        let (seed, all) = cluster_devices(infos);
         Ok(Response::new(WaitForAllTasksResponse {
             leader_incarnation: self.coord.read(|s| s.service_incarnation()),
-            cluster_device_info: Some(aggregate_devices(infos)),
+            cluster_device_info: Some(seed),
+            device_info: Some(all),
         }))
     }
 
@@ -175,8 +220,13 @@ impl CoordinationService for TfService {
     ) -> Reply<ShutdownTaskResponse> {
         let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
-        let task = self.task(&req.into_inner().source_task, U::Disconnect)?;
-        coord.shutdown(task).await.map_err(|e| self.status(e))?;
+        let source = req.into_inner().source_task;
+        let task = self.task(&source, U::Disconnect)?;
+        let recoverable = source.as_ref().is_some_and(|t| t.recoverable);
+        coord
+            .shutdown(task, recoverable)
+            .await
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(ShutdownTaskResponse {}))
     }
 
@@ -218,9 +268,10 @@ impl CoordinationService for TfService {
     ) -> Reply<InsertKeyValueResponse> {
         let coord = self.coord.for_request(&req)?;
         self.coord.ready().await?;
-        let kv = req.into_inner().kv.unwrap_or_default();
+        let r = req.into_inner();
+        let kv = r.kv.unwrap_or_default();
         coord
-            .kv_insert(kv.key, kv.value, false)
+            .kv_insert(kv.key, kv.value, r.allow_overwrite)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(InsertKeyValueResponse {}))
@@ -296,18 +347,19 @@ impl CoordinationService for TfService {
                 None => {}
             }
         }
-        coord
+        let counter = coord
             .barrier(
                 r.barrier_id,
-                0,
+                r.counter,
                 r.barrier_timeout_in_ms.max(0) as u64,
                 participants,
                 unknown,
                 task,
+                r.source_task.as_ref().is_some_and(|t| t.recoverable),
             )
             .await
             .map_err(|e| self.status(e))?;
-        Ok(Response::new(BarrierResponse {}))
+        Ok(Response::new(BarrierResponse { counter }))
     }
 
     async fn cancel_barrier(
@@ -319,9 +371,84 @@ impl CoordinationService for TfService {
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::Barrier)?;
         coord
-            .cancel_barrier(r.barrier_id, 0, task)
+            .cancel_barrier(r.barrier_id, r.counter, task)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(CancelBarrierResponse {}))
     }
+
+    async fn get_task_state(
+        &self,
+        req: Request<GetTaskStateRequest>,
+    ) -> Reply<GetTaskStateResponse> {
+        self.coord.ready().await?;
+        let tasks = req.into_inner().source_task;
+        let mut indices = Vec::with_capacity(tasks.len());
+        for t in &tasks {
+            indices.push(task_index(
+                &self.coord,
+                &t.job_name,
+                t.task_id,
+                U::GetTaskState,
+            )?);
+        }
+        let entries = self
+            .coord
+            .task_entries(&indices)
+            .await
+            .map_err(|e| self.status(e))?;
+        let task_state = tasks
+            .into_iter()
+            .zip(entries)
+            .map(|(task, entry)| task_state_info(&self.coord, task, &entry))
+            .collect();
+        Ok(Response::new(GetTaskStateResponse { task_state }))
+    }
+
+    async fn poll_for_error(
+        &self,
+        req: Request<PollForErrorRequest>,
+    ) -> Reply<PollForErrorResponse> {
+        let coord = self.coord.for_request(&req)?;
+        self.coord.ready().await?;
+        let task = self.task(&req.into_inner().source_task, U::PollForError)?;
+        Err(self.status(coord.poll_for_error(task).await))
+    }
+}
+
+/// One task's state as GetTaskState reports it: the error's code, message
+/// and payload for a task in ERROR, none for the others.
+fn task_state_info(
+    coord: &Coordination,
+    task: CoordinatedTask,
+    entry: &journal::pb::TaskEntry,
+) -> CoordinatedTaskStateInfo {
+    use journal::TaskStatus as S;
+    let state = match entry.status() {
+        S::Disconnected => CoordinatedTaskState::TaskstateDisconnected,
+        S::Connected => CoordinatedTaskState::TaskstateConnected,
+        S::Error => CoordinatedTaskState::TaskstateError,
+    };
+    let mut info = CoordinatedTaskStateInfo {
+        task: Some(task),
+        state: state as i32,
+        ..Default::default()
+    };
+    if let (S::Error, Some(e)) = (entry.status(), entry.error.as_ref()) {
+        info.error_code = e.code;
+        info.error_message = e.message.clone();
+        info.error_payload = Some(CoordinationServiceError {
+            is_reported_error: e.is_reported_error,
+            source_task: e.source_task.and_then(|i| {
+                coord.read(|s| {
+                    s.task_id(i).map(|(job, id)| CoordinatedTask {
+                        job_name: job.to_string(),
+                        task_id: id,
+                        recoverable: false,
+                    })
+                })
+            }),
+        });
+    }
+    info
 }

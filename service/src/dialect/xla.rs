@@ -116,7 +116,7 @@ impl CoordinationService for XlaService {
         let r = req.into_inner();
         let task = self.task(r.source_task_id, U::Register)?;
         let inc = coord
-            .register(task, r.incarnation)
+            .register(task, r.incarnation, false)
             .await
             .map_err(|e| self.status(e))?;
         Ok(Response::new(RegisterTaskResponse {
@@ -146,7 +146,10 @@ impl CoordinationService for XlaService {
         let r = req.into_inner();
         self.admit(&r.incarnations).await?;
         let task = self.task(r.source_task_id, U::Disconnect)?;
-        coord.shutdown(task).await.map_err(|e| self.status(e))?;
+        coord
+            .shutdown(task, false)
+            .await
+            .map_err(|e| self.status(e))?;
         Ok(Response::new(ShutdownTaskResponse {}))
     }
 
@@ -306,6 +309,7 @@ impl CoordinationService for XlaService {
                 participants,
                 unknown,
                 task,
+                false,
             )
             .await
             .map_err(|e| self.status(e))?;
