@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, then every test of the workspace
 # (unit, openraft storage suite, multi-process replication and fault tests,
-# stock-jaxlib interop tests). Idempotent; everything it needs is installed by
-# the project's own scripts (the jaxlib venv goes to target/jax-venv).
+# stock-jaxlib and stock-TensorFlow interop tests). Idempotent; everything it
+# needs is installed by the project's own scripts (the jaxlib venv goes to
+# target/jax-venv, the TensorFlow one to target/tf-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-jax.sh >/dev/null
+scripts/setup-tf.sh >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

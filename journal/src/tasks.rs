@@ -463,9 +463,10 @@ impl State {
         if let Err(e) = self.check_task(task, UnknownTaskIn::WaitForAllTasks) {
             return Outcome::err(e);
         }
-        // Upstream keeps the device info of a task's first call.
+        // Upstream keeps the device info of a task's first call that lists
+        // any (empty `info`: none listed).
         let t = self.t_mut(task);
-        if t.device_info.is_none() {
+        if t.device_info.is_none() && !info.is_empty() {
             t.device_info = Some(info.clone());
         }
         let id = wait_all_barrier_id(self.d.service_incarnation);

@@ -80,6 +80,18 @@ fn wait_for_all_tasks_keeps_first_device_info() {
 }
 
 #[test]
+fn wait_for_all_tasks_keeps_the_first_call_that_lists_devices() {
+    // A task whose first call lists nothing (empty info) is recorded by a
+    // later one, even after the barrier passed.
+    let mut s = cluster_jobs(&[("worker", 2)], Opts::default());
+    parked(&apply(&mut s, wait_all(0, b""), 2000));
+    ok(&apply(&mut s, wait_all(1, b"w1"), 2100));
+    ok(&apply(&mut s, wait_all(0, b"w0"), 2200));
+    let infos: Vec<Vec<u8>> = s.cluster_device_info().iter().map(|b| b.to_vec()).collect();
+    assert_eq!(infos, vec![b"w0".to_vec(), b"w1".to_vec()]);
+}
+
+#[test]
 fn wait_for_all_tasks_from_unknown_task_is_invalid_argument() {
     let mut s = cluster_jobs(JOBS, Opts::default());
     let e = err(

@@ -466,10 +466,14 @@ impl Coordination {
                 device_info,
             }))
             .await?;
-        if out.parked {
-            let call = out.call_id;
-            self.wait(&applied, |s| s.wait_for_all_result(call)).await?;
-        }
-        Ok(self.read(|s| s.cluster_device_info()))
+        // Answer from a state that has applied this call (and, when it
+        // waits, the barrier's end): on a follower the call's own entry may
+        // not be applied yet when the leader answers it.
+        let call = out.call_id;
+        self.wait(&applied, |s| {
+            s.wait_for_all_result(call)
+                .map(|r| r.map(|()| s.cluster_device_info()))
+        })
+        .await
     }
 }

@@ -690,6 +690,21 @@ pub mod jax {
         p
     }
 
+    /// The Python 3.12 of the TensorFlow venv made by `scripts/setup-tf.sh`
+    /// (or `COORDSTORE_TF_PYTHON`).
+    pub fn tf_python() -> PathBuf {
+        if let Some(p) = std::env::var_os("COORDSTORE_TF_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let p = workspace().join("target/tf-venv/bin/python");
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/setup-tf.sh (scripts/test.sh does)",
+            p.display()
+        );
+        p
+    }
+
     /// A script of `tests/python`.
     pub fn script(name: &str) -> PathBuf {
         workspace().join("tests/python").join(name)
@@ -709,6 +724,26 @@ pub mod jax {
     impl PyProc {
         /// Runs `tests/python/<script> <args>` with the venv's Python.
         pub fn spawn(script_name: &str, args: &[String], log_dir: &std::path::Path) -> PyProc {
+            let mut p = PyProc::spawn_with(
+                &python(),
+                script_name,
+                args,
+                log_dir,
+                &[("JAX_PLATFORMS", "cpu")],
+            );
+            p.label = format!("{script_name} {}", args.join(" "));
+            p
+        }
+
+        /// Runs `tests/python/<script> <args>` with the Python at `python`
+        /// and `env` added to the environment.
+        pub fn spawn_with(
+            python: &std::path::Path,
+            script_name: &str,
+            args: &[String],
+            log_dir: &std::path::Path,
+            env: &[(&str, &str)],
+        ) -> PyProc {
             let label = format!("{script_name} {}", args.join(" "));
             let stderr = log_dir.join(format!(
                 "py-{}-{}.err",
@@ -717,11 +752,11 @@ pub mod jax {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
             ));
-            let mut cmd = Command::new(python());
+            let mut cmd = Command::new(python);
             cmd.arg(script(script_name))
                 .args(args)
                 .env("TF_CPP_MIN_LOG_LEVEL", "1")
-                .env("JAX_PLATFORMS", "cpu")
+                .envs(env.iter().copied())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(std::fs::File::create(&stderr).expect("stderr file"));

@@ -231,3 +231,50 @@ async fn named_jobs_device_info_barriers_and_reset() {
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
 }
+
+/// TF 2.21's WaitForAllTasks (device lists in request field 6, reply field
+/// 4) through a follower of three: every task's reply lists every task's
+/// devices in task order, the last caller's too (its own entry must be
+/// applied on the follower before it is answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tf_2_21_device_lists_through_a_follower() {
+    let cluster = Cluster::start(3, &["--job", "worker=2"]);
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(60))
+        .await;
+    let addr = cluster.nodes[(leader + 1) % 3].addr.clone();
+    let mut handles = Vec::new();
+    for id in 0..2 {
+        let addr = addr.clone();
+        handles.push(tokio::spawn(async move {
+            let mut c = wire::tf(&addr).await;
+            c.register_task(RegisterTaskRequest {
+                incarnation: 70 + id as u64,
+                source_task: task("worker", id),
+            })
+            .await
+            .expect("register");
+            c.wait_for_all_tasks(WaitForAllTasksRequest {
+                local_device_info: None,
+                source_task: task("worker", id),
+                device_info: Some(DeviceInfo {
+                    device: vec![format!("any-of-worker-{id}").into_bytes()],
+                }),
+            })
+            .await
+            .expect("wait for all")
+            .into_inner()
+        }));
+    }
+    for h in handles {
+        let reply = h.await.unwrap();
+        let got: Vec<String> = reply
+            .device_info
+            .expect("field 4")
+            .device
+            .into_iter()
+            .map(|d| String::from_utf8(d).unwrap())
+            .collect();
+        assert_eq!(got, ["any-of-worker-0", "any-of-worker-1"]);
+    }
+}

@@ -98,8 +98,18 @@ pub(crate) fn task_index(coord: &Coordination, job: &str, id: i32, call: U) -> R
 
 /// What the journal keeps of a task's WaitForAllTasks: both generations'
 /// device fields of its request (seed field 4, TF 2.21 field 6), encoded as
-/// the request message itself without its source task.
+/// the request message itself without its source task; empty when the
+/// request lists no device (the journal then keeps waiting for a call that
+/// does, as upstream does).
 fn stored_devices(r: &WaitForAllTasksRequest) -> Bytes {
+    let seed_has = r
+        .local_device_info
+        .as_ref()
+        .is_some_and(|d| d.r#type.is_some());
+    let tf_has = r.device_info.as_ref().is_some_and(|d| !d.device.is_empty());
+    if !seed_has && !tf_has {
+        return Bytes::new();
+    }
     WaitForAllTasksRequest {
         local_device_info: r.local_device_info.clone(),
         device_info: r.device_info.clone(),
@@ -202,11 +212,24 @@ impl CoordinationService for TfService {
         self.coord.ready().await?;
         let r = req.into_inner();
         let task = self.task(&r.source_task, U::WaitForAllTasks)?;
+        tracing::debug!(
+            task,
+            seed_devices = r.local_device_info.is_some(),
+            devices = r.device_info.as_ref().map_or(0, |d| d.device.len()),
+            "WaitForAllTasks"
+        );
         let infos = coord
             .wait_for_all_tasks(task, stored_devices(&r))
             .await
             .map_err(|e| self.status(e))?;
+        let stored = infos.len();
         let (seed, all) = cluster_devices(infos);
+        tracing::debug!(
+            task,
+            stored,
+            devices = all.device.len(),
+            "WaitForAllTasks answered"
+        );
         Ok(Response::new(WaitForAllTasksResponse {
             leader_incarnation: self.coord.read(|s| s.service_incarnation()),
             cluster_device_info: Some(seed),
