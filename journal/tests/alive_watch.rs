@@ -108,3 +108,72 @@ fn watch_version_bumps_on_every_task_state_change() {
     assert_eq!(s.tasks_version(), v3);
     assert_eq!(s.task_status(0), Some(TaskStatus::Disconnected));
 }
+
+// ---- XLA's WatchTasks / GetAliveTasks scenarios (tests/README.md) ----------
+
+#[test]
+fn watch_shows_a_reset_task_disconnected_then_its_new_incarnation() {
+    // XLA: WatchTasksReturnsDisconnected, WatchTasksReturnsNewIncarnation.
+    let mut s = cluster_jobs(&[("worker", 2)], Opts::no_shutdown_barrier());
+    let v0 = s.tasks_version();
+    ok(&apply(&mut s, reset_task(1), 2000));
+    assert!(s.watch_tasks_ready(v0));
+    assert_eq!(s.task_status(1), Some(TaskStatus::Disconnected));
+    let v1 = s.tasks_version();
+    assert!(
+        !s.watch_tasks_ready(v1),
+        "a watch on the current version waits"
+    );
+    ok(&apply(&mut s, register(1, 4242), 2100));
+    assert!(s.watch_tasks_ready(v1));
+    assert_eq!(s.task_status(1), Some(TaskStatus::Connected));
+    assert_eq!(s.task(1).unwrap().incarnation, 4242);
+}
+
+#[test]
+fn alive_rounds_over_different_sets_run_concurrently() {
+    // XLA: GetAliveTasksTest.ConcurrentGetAliveTasks.
+    let mut s = cluster(3, Opts::recoverable());
+    let a = apply(&mut s, alive(0, &[0, 1]), 2000);
+    let b = apply(&mut s, alive(2, &[1, 2]), 2000);
+    let (ga, gb) = (a.value as u64, b.value as u64);
+    ok_or_parked(&apply(&mut s, alive(1, &[0, 1]), 2100));
+    assert_eq!(
+        s.alive_result(&[0, 1], ga),
+        Some(Ok(AliveTasks {
+            tasks: vec![0, 1],
+            incarnations: vec![tinc(0), tinc(1)],
+        }))
+    );
+    assert_eq!(
+        s.alive_result(&[1, 2], gb),
+        None,
+        "the other round still waits"
+    );
+    ok_or_parked(&apply(&mut s, alive(1, &[1, 2]), 2200));
+    assert_eq!(
+        s.alive_result(&[1, 2], gb),
+        Some(Ok(AliveTasks {
+            tasks: vec![1, 2],
+            incarnations: vec![tinc(1), tinc(2)],
+        }))
+    );
+}
+
+#[test]
+fn a_repeated_alive_call_of_one_task_is_answered_with_its_round() {
+    // XLA: GetAliveTasksTest.RedundantGetAliveTasks.
+    let mut s = cluster(2, Opts::recoverable());
+    let first = apply(&mut s, alive(0, &[0, 1]), 2000);
+    let again = apply(&mut s, alive(0, &[0, 1]), 2050);
+    assert_eq!(first.value, again.value, "the same round");
+    ok_or_parked(&apply(&mut s, alive(1, &[0, 1]), 2100));
+    assert!(matches!(
+        s.alive_result(&[0, 1], first.value as u64),
+        Some(Ok(_))
+    ));
+}
+
+fn ok_or_parked(out: &journal::Outcome) {
+    assert!(!out.is_err(), "{out:?}");
+}

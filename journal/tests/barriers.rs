@@ -589,3 +589,36 @@ fn counter_zero_after_a_mismatch_on_an_unused_id_fails_the_task_check() {
     parked(&apply(&mut s, arrive("u", 1, 60_000, &[], 0), 2300));
     ok(&apply(&mut s, arrive("u", 1, 60_000, &[], 1), 2300));
 }
+
+#[test]
+fn a_barrier_of_a_task_that_is_itself_in_error_fails_at_once() {
+    // XLA: BarrierWithParticipatingTasksFailsIfTaskIsStale,
+    // BarrierWithSubsetFailsIfTaskIsStale.
+    let mut s = cluster(2, Opts::default());
+    parked(&apply(&mut s, poll(1), 1500));
+    ok(&apply(&mut s, unhealthy(&[0]), 20_000));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[0], 0), 20_100),
+        Code::Internal,
+    );
+    contains(
+        &e,
+        "Task (0) is already in error before the barrier was called",
+    );
+    barrier_payload(&e, "b", 0);
+}
+
+#[test]
+fn a_timeout_of_a_hundred_tasks_is_deadline_exceeded_with_a_bounded_message() {
+    // XLA: BarrierTimeout_ManyLateTasks_ReturnsCorrectError.
+    let mut s = cluster(100, Opts::default());
+    parked(&apply(&mut s, arrive("b", 0, 100, &[], 0), 2000));
+    ok(&apply(&mut s, expire("b", 0), 2100));
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 100, &[], 1), 2200),
+        Code::DeadlineExceeded,
+    );
+    contains(&e, "Barrier timed out. Id: b::0.");
+    contains(&e, "1/100");
+    assert!(e.message.len() < 2000, "{} bytes", e.message.len());
+}

@@ -195,3 +195,29 @@ fn task_error_fails_barriers_that_include_it_only() {
     ok(&out);
     assert_eq!(s.barrier_result("sub", 0, sub), Some(Ok(0)));
 }
+
+// ---- XLA's PollForError-after-shutdown scenarios (tests/README.md) ---------
+
+#[test]
+fn a_poll_right_after_shutdown_waits_and_one_after_the_grace_period_is_refused() {
+    // XLA: AllowPollForErrorWithinGracePeriodIfTaskHasShutDown,
+    // DoNotAllowPollForErrorIfTaskHasShutDown, DoNotAllowPollForErrorAfterReset.
+    let mut s = cluster(2, Opts::no_shutdown_barrier());
+    ok(&apply(&mut s, shutdown(1), 2000));
+    parked(&apply(&mut s, poll(1), 2100));
+    // The grace period is one heartbeat timeout (10 s here).
+    let e = err(
+        &apply(&mut s, poll(1), 2000 + 10_000),
+        Code::FailedPrecondition,
+    );
+    contains(
+        &e,
+        "that has not been registered or has disconnected polling for errors",
+    );
+    ok(&apply(&mut s, reset_task(0), 30_000));
+    let e = err(
+        &apply(&mut s, poll(0), 30_000 + 10_000),
+        Code::FailedPrecondition,
+    );
+    contains(&e, "has disconnected polling for errors");
+}
