@@ -321,7 +321,16 @@ impl State {
                 d.tasks.len()
             )));
         }
+        if let Some(c) = &d.config {
+            check_config(c).map_err(|e| SnapshotError(e.message))?;
+        }
+        check_task_references(&d)?;
         Ok(State { d })
+    }
+
+    /// The leader clock: the newest update time applied.
+    pub fn clock_ms(&self) -> u64 {
+        self.d.clock_ms
     }
 
     /// SHA-256 of the canonical encoding: equal states have equal digests.
@@ -478,6 +487,50 @@ impl State {
     pub(crate) fn t_mut(&mut self, task: u32) -> &mut TaskEntry {
         &mut self.d.tasks[task as usize]
     }
+}
+
+/// Every task index a snapshot stores names a task of its configuration,
+/// and every set the code searches is sorted without repeats: a snapshot
+/// that breaks either is refused on install, not met by a panic on the
+/// next apply.
+fn check_task_references(d: &StateData) -> Result<(), SnapshotError> {
+    let n = d.tasks.len() as u32;
+    let bad = |what: String| Err(SnapshotError(what));
+    let sorted_unique = |v: &[u32]| v.windows(2).all(|w| w[0] < w[1]);
+    for (id, b) in &d.barriers {
+        let mut inst = Some(b);
+        while let Some(b) = inst {
+            if b.participants.iter().any(|&t| t >= n) || !sorted_unique(&b.participants) {
+                return bad(format!("barrier {id}::{}: bad participant set", b.counter));
+            }
+            if b.arrivals.keys().any(|&t| t >= n) || b.initiating_task >= n {
+                return bad(format!("barrier {id}::{}: unknown task", b.counter));
+            }
+            inst = b.previous.as_deref();
+        }
+    }
+    for (key, r) in &d.alive_rounds {
+        let results_ok = r.results.iter().all(|x| x.tasks.iter().all(|&t| t < n));
+        if r.tasks.iter().any(|&t| t >= n)
+            || !sorted_unique(&r.tasks)
+            || r.callers.keys().any(|&t| t >= n)
+            || !results_ok
+        {
+            return bad(format!("GetAliveTasks round {key}: unknown task"));
+        }
+    }
+    let errors = d
+        .tasks
+        .iter()
+        .flat_map(|t| [&t.error, &t.poll_result, &t.notice])
+        .chain([&d.propagated_error])
+        .flatten();
+    for e in errors {
+        if e.source_task.is_some_and(|t| t >= n) {
+            return bad("an error names an unknown source task".into());
+        }
+    }
+    Ok(())
 }
 
 /// A configuration must name each job once and hold at most [`MAX_TASKS`].

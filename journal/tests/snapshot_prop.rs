@@ -166,3 +166,47 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_snapshot_naming_unknown_tasks_is_refused_on_install() {
+    let good = busy_state().encode_snapshot();
+    let tamper = |f: &dyn Fn(&mut pb::StateData)| {
+        let mut d = pb::StateData::decode(good.as_slice()).unwrap();
+        f(&mut d);
+        State::decode_snapshot(&d.encode_to_vec())
+    };
+    assert!(tamper(&|_| {}).is_ok());
+    let e = tamper(&|d| d.barriers.get_mut("b").unwrap().participants = vec![0, 7]).unwrap_err();
+    assert!(e.to_string().contains("barrier b::0"), "{e}");
+    let e = tamper(&|d| d.barriers.get_mut("b").unwrap().participants = vec![1, 0]).unwrap_err();
+    assert!(e.to_string().contains("bad participant set"), "{e}");
+    let e = tamper(&|d| {
+        d.barriers.get_mut("b").unwrap().arrivals.insert(9, 1);
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("unknown task"), "{e}");
+    let e = tamper(&|d| {
+        for r in d.alive_rounds.values_mut() {
+            r.tasks.push(3);
+        }
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("GetAliveTasks round"), "{e}");
+    let e = tamper(&|d| {
+        d.tasks[0].error = Some(pb::DomainError {
+            source_task: Some(5),
+            ..Default::default()
+        })
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("unknown source task"), "{e}");
+    let e = tamper(&|d| {
+        let c = d.config.as_mut().unwrap();
+        c.jobs.push(c.jobs[0].clone());
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("listed twice") || e.to_string().contains("tasks stored"),
+        "{e}"
+    );
+}

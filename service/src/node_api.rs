@@ -29,19 +29,40 @@ impl NodeApi {
     }
 }
 
-/// An update from outside the cluster (ctl, tests, tools): only commands a
-/// client may issue, and the time is the leader's to stamp. Timer- and
-/// liveness-driven commands belong to the leader runtime.
+/// An update proposed through the Node API (ctl, tools, and other nodes
+/// forwarding their clients' calls): only commands a client may issue (an
+/// allow-list: a command added later is refused until it is listed here),
+/// and the time is the leader's to stamp. Timer- and liveness-driven
+/// commands (InitService, Heartbeat, TasksUnhealthy, BarrierExpire) belong
+/// to the leader runtime, which proposes them locally and never through
+/// this API. This holds whatever headers the request carries: a client can
+/// set `x-coordstore-forwarded` too, and forwarding nodes only ever forward
+/// client commands.
 fn check_external(u: &mut Update) -> Result<(), Status> {
     use journal::pb::update::Command as C;
     match &u.command {
         None => return Err(Status::invalid_argument("the update has no command")),
-        Some(C::InitService(_) | C::TasksUnhealthy(_) | C::BarrierExpire(_) | C::Heartbeat(_)) => {
+        Some(
+            C::ResetJobEpoch(_)
+            | C::RegisterTask(_)
+            | C::ReportError(_)
+            | C::PollForError(_)
+            | C::ShutdownTask(_)
+            | C::ResetTask(_)
+            | C::KvInsert(_)
+            | C::KvDelete(_)
+            | C::KvIncrement(_)
+            | C::BarrierArrive(_)
+            | C::BarrierCancel(_)
+            | C::AliveTasks(_)
+            | C::WaitForAllTasks(_)
+            | C::Noop(_),
+        ) => {}
+        Some(C::InitService(_) | C::Heartbeat(_) | C::TasksUnhealthy(_) | C::BarrierExpire(_)) => {
             return Err(Status::permission_denied(
                 "this command is proposed by the leader runtime only",
             ))
         }
-        Some(_) => {}
     }
     u.at_ms = 0;
     Ok(())
@@ -98,9 +119,7 @@ impl Node for NodeApi {
         let may_forward = !was_forwarded(&req);
         let mut update = Update::decode(req.into_inner().update.as_ref())
             .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
-        if may_forward {
-            check_external(&mut update)?;
-        }
+        check_external(&mut update)?;
         let applied = self.core.propose(update, may_forward).await?;
         Ok(Response::new(ProposeResponse {
             outcome: applied.outcome.encode_to_vec().into(),
