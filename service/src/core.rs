@@ -50,6 +50,7 @@ pub struct Retry(pub String);
 /// The core of one node.
 pub struct Core {
     node: Arc<RaftNode>,
+    parked: std::sync::atomic::AtomicU64,
     runtime: Arc<LeaderRuntime>,
     lanes: Lanes,
     leader_wait: Duration,
@@ -61,6 +62,7 @@ impl Core {
     pub fn new(node: Arc<RaftNode>, leader_wait: Duration, max_message_bytes: usize) -> Self {
         Core {
             node,
+            parked: std::sync::atomic::AtomicU64::new(0),
             runtime: Arc::new(LeaderRuntime::default()),
             lanes: Lanes::new(),
             leader_wait,
@@ -273,6 +275,7 @@ impl Core {
         self.wait_applied(log_index).await?;
         let state = self.node.state();
         let mut rx = state.subscribe();
+        let mut parked: Option<Parked<'_>> = None;
         loop {
             rx.borrow_and_update();
             let answer = state.read(|s| {
@@ -285,10 +288,18 @@ impl Core {
             if let Some(a) = answer {
                 return Ok(a);
             }
+            // Counted from the first time the answer is not there yet until
+            // the call ends (answered, or dropped with its client).
+            parked.get_or_insert_with(|| Parked::new(&self.parked));
             rx.changed()
                 .await
                 .map_err(|_| Status::unavailable("the node is shutting down"))?;
         }
+    }
+
+    /// Client calls parked on this node's applied state right now.
+    pub fn parked_calls(&self) -> u64 {
+        self.parked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How long after it last knew a leader with a quorum this node may still
@@ -343,6 +354,22 @@ impl Core {
             },
         )
         .await
+    }
+}
+
+/// One parked call, counted while it lives.
+struct Parked<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Parked<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicU64) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Parked(count)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -118,6 +118,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
                 "last_log_index": s.last_log_index,
                 "snapshot_index": s.snapshot_index,
                 "purged_index": s.purged_index,
+                "parked_calls": s.parked_calls,
                 "state_digest": s.state_digest,
             })
         }

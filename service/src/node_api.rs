@@ -103,6 +103,7 @@ pub fn status(core: &Core) -> StatusResponse {
         last_log_index: m.last_log_index.unwrap_or(0),
         snapshot_index: m.snapshot.map_or(0, |l| l.index),
         purged_index: m.purged.map_or(0, |l| l.index),
+        parked_calls: core.parked_calls(),
     }
 }
 

@@ -464,6 +464,28 @@ pub async fn wait_state(addr: &str, wait: Duration, cond: impl Fn(&journal::Stat
     }
 }
 
+/// How many client calls are parked at the node at `addr` now.
+pub async fn parked_calls(addr: &str) -> u64 {
+    try_status(addr).await.map_or(0, |s| s.parked_calls)
+}
+
+/// Waits until at least `at_least` client calls are parked at the node at
+/// `addr` (its status' `parked_calls`), or panics after `wait`.
+pub async fn wait_parked(addr: &str, at_least: u64, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    loop {
+        let parked = try_status(addr).await.map_or(0, |s| s.parked_calls);
+        if parked >= at_least {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{parked} calls parked at {addr} after {wait:?}, want {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The status of the node at `addr`, if it answers within a second.
 pub async fn try_status(addr: &str) -> Option<StatusResponse> {
     let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))

@@ -128,8 +128,9 @@ async fn state_machine_kv_barriers_and_error_propagation() {
         .await
         .unwrap();
     b1.await.unwrap().unwrap();
+    let parked = coordstore_tests::parked_calls(&cluster.nodes[0].addr).await;
     let waiting = a1.wait_at_barrier_async("doomed", WAIT, &[]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    coordstore_tests::wait_parked(&cluster.nodes[0].addr, parked + 1, WAIT).await;
     a0.cancel_barrier("doomed").await.unwrap();
     assert_eq!(waiting.await.unwrap().unwrap_err().code(), Code::Cancelled);
 
@@ -310,7 +311,14 @@ async fn a_task_failing_midway_cancels_the_barrier_so_nobody_hangs() {
         .map(|(a, n)| PreemptionSyncManager::start(a.clone(), n).unwrap())
         .collect();
     notifiers[0].notify(SystemTime::now() + Duration::from_secs(60));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both managers are waiting at the barrier.
+    coordstore_tests::wait_state(&cluster.nodes[0].addr, WAIT, |s| {
+        s.barrier(agent::preemption::PREEMPTION_BARRIER)
+            .is_some_and(|b| {
+                b.status() == journal::pb::BarrierStatus::Pending && b.arrivals.len() == 2
+            })
+    })
+    .await;
     agents[2]
         .cancel_barrier(agent::preemption::PREEMPTION_BARRIER)
         .await

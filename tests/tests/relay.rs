@@ -52,17 +52,18 @@ fn a_jaxlib_job_through_relays_survives_a_rolling_restart() {
             )
         })
         .collect();
-    // Let the job get going, then restart every node in turn.
-    std::thread::sleep(Duration::from_secs(4));
+    // Let the job get going, then restart every node in turn; the job must
+    // go on with the node down and again once it is back.
+    progress(&cluster, 50, &clients);
     for i in 0..3 {
         cluster.kill(i);
         let others: Vec<usize> = (0..3).filter(|&j| j != i).collect();
         rt.block_on(cluster.wait_leader(&others, WAIT));
-        std::thread::sleep(Duration::from_secs(2));
+        progress(&cluster, 20, &clients);
         cluster.restart(i);
         rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
         rt.block_on(cluster.wait_converged(&[0, 1, 2], WAIT));
-        std::thread::sleep(Duration::from_secs(2));
+        progress(&cluster, 20, &clients);
     }
     for p in &mut clients {
         let status = p.wait_exit(Duration::from_secs(180));
@@ -86,5 +87,31 @@ fn a_jaxlib_job_through_relays_survives_a_rolling_restart() {
             acked.lines().count() > 50,
             "task {t} acknowledged too little"
         );
+    }
+}
+
+/// Acknowledged writes so far of client `t` (its --acked file).
+fn acked(cluster: &Cluster, t: usize) -> usize {
+    std::fs::read_to_string(cluster.dir.path().join(format!("acked-{t}.txt")))
+        .map_or(0, |s| s.lines().count())
+}
+
+/// Waits until both clients have had `rounds` more writes acknowledged.
+fn progress(cluster: &Cluster, rounds: usize, clients: &[PyProc]) {
+    let start: Vec<usize> = (0..2).map(|t| acked(cluster, t)).collect();
+    let deadline = std::time::Instant::now() + WAIT;
+    while (0..2).any(|t| acked(cluster, t) < start[t] + rounds) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job made no progress: {:?} acknowledged, from {start:?}\n{}\n{}",
+            (0..2).map(|t| acked(cluster, t)).collect::<Vec<_>>(),
+            clients
+                .iter()
+                .map(PyProc::report)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

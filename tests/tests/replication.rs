@@ -54,7 +54,13 @@ fn spawn_writers(
 }
 
 async fn wait_count(count: &AtomicUsize, at_least: usize) {
+    let deadline = std::time::Instant::now() + WAIT;
     while count.load(Ordering::SeqCst) < at_least {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {at_least} writes acknowledged after {WAIT:?}",
+            count.load(Ordering::SeqCst)
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -260,6 +260,7 @@ async fn kv_barriers_and_errors_on_one_node() {
     insert(&mut c, si, "small", b"ok", false).await.unwrap();
 
     // Reported error reaches a poller with is_reported_error and the source.
+    let parked = coordstore_tests::parked_calls(&addr).await;
     let mut poller = wire::xla(&addr).await;
     let poll = tokio::spawn(async move {
         poller
@@ -269,7 +270,7 @@ async fn kv_barriers_and_errors_on_one_node() {
             })
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    coordstore_tests::wait_parked(&addr, parked + 1, WAIT).await;
     c.report_error_to_service(ReportErrorToServiceRequest {
         incarnations: inc(1, si),
         source_task_id: 1,
@@ -401,7 +402,7 @@ async fn calls_waiting_on_a_follower_survive_a_leader_kill() {
         })
         .await
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    coordstore_tests::wait_parked(&addr, 2, WAIT).await;
     cluster.kill(leader);
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     cluster.wait_leader(&others, WAIT).await;
