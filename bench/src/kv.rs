@@ -75,6 +75,18 @@ pub async fn run(
     Ok(rows)
 }
 
+/// The put load of [`run`]: `clients` closed-loop clients writing fresh keys
+/// for `seconds`.
+pub async fn load_put(
+    peer: &Peer,
+    addr: &str,
+    clients: usize,
+    seconds: f64,
+    value_bytes: usize,
+) -> anyhow::Result<KvRow> {
+    load(peer, addr, Op::Put, clients, seconds, value_bytes).await
+}
+
 /// Runs `clients` closed-loop clients for `seconds`: puts write fresh keys
 /// `kv/<run>/<client>/<i>`; gets read back `GET_KEYS` keys per client that
 /// the client writes first.

@@ -11,6 +11,7 @@ pub mod handoff;
 pub mod jax_latency;
 pub mod kv;
 pub mod memory;
+pub mod parked;
 pub mod peers;
 pub mod propose;
 pub mod replay;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
-    barrier, failover, handoff, jax_latency, kv, memory, propose, replay, WORKER_THREADS,
+    barrier, failover, handoff, jax_latency, kv, memory, parked, propose, replay, WORKER_THREADS,
 };
 
 #[derive(Parser)]
@@ -81,6 +81,18 @@ enum Suite {
         /// Journal entries.
         #[arg(long, default_value_t = 1_000_000)]
         entries: u64,
+    },
+    /// KV put with 64 clients while 0 / 10,000 blocking gets are parked.
+    Parked {
+        /// Parked gets per configuration.
+        #[arg(long, value_delimiter = ',', default_value = "0,10000")]
+        parked: Vec<usize>,
+        /// Concurrent put clients.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Seconds per configuration.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
     },
     /// Server RSS holding 100k keys of 1 KiB.
     Memory {
@@ -173,6 +185,7 @@ async fn run() -> anyhow::Result<()> {
                 report.replay.extend(replay::run_etcd(entries).await?);
             }
             report.memory = memory::run(&peers, 100_000, 1024).await?;
+            report.parked = parked::run(&peers, &[0, 10_000], 64, seconds).await?;
             "all"
         }
         Suite::Kv {
@@ -204,6 +217,14 @@ async fn run() -> anyhow::Result<()> {
                 report.replay.extend(replay::run_etcd(entries).await?);
             }
             "replay"
+        }
+        Suite::Parked {
+            parked,
+            clients,
+            seconds,
+        } => {
+            report.parked = parked::run(&peers, &parked, clients, seconds).await?;
+            "parked"
         }
         Suite::Memory { keys, value_bytes } => {
             report.memory = memory::run(&peers, keys, value_bytes).await?;

@@ -80,7 +80,7 @@ pub struct Peer {
     pub kind: PeerKind,
     inner: Inner,
     /// The xla service incarnation (0 for etcd), learnt at registration.
-    service_incarnation: u64,
+    pub service_incarnation: u64,
     /// How long registering every task took, ms (xla peers).
     pub register_ms: f64,
 }

@@ -109,6 +109,9 @@ pub struct Report {
     pub replay: Vec<ReplayRow>,
     /// Memory rows.
     pub memory: Vec<MemoryRow>,
+    /// Put throughput with parked blocking gets.
+    #[serde(default)]
+    pub parked: Vec<crate::parked::ParkedRow>,
     /// Targets.
     pub targets: Vec<Target>,
 }
@@ -201,6 +204,26 @@ impl Report {
                 met: r.ratio <= 1.5,
             });
         }
+        for r in self.parked.iter().filter(|r| r.parked > 0) {
+            let base = self
+                .parked
+                .iter()
+                .find(|b| b.peer == r.peer && b.parked == 0 && b.put.clients == r.put.clients);
+            if let Some(b) = base {
+                let ratio = r.put.ops_per_s / b.put.ops_per_s;
+                t.push(Target {
+                    target: format!(
+                        "put with {} parked gets ≥ 0.9× put with none ({}, {} clients)",
+                        r.parked, r.peer, r.put.clients
+                    ),
+                    measured: format!(
+                        "{:.0} vs {:.0} ops/s = {ratio:.2}×",
+                        r.put.ops_per_s, b.put.ops_per_s
+                    ),
+                    met: ratio >= 0.9,
+                });
+            }
+        }
         self.targets = t;
     }
 
@@ -286,6 +309,22 @@ impl Report {
                     r.log_entries.map_or("–".to_string(), |n| n.to_string()),
                     mib(r.data_dir_bytes),
                     r.serving_ms
+                ));
+            }
+            s.push('\n');
+        }
+        if !self.parked.is_empty() {
+            s.push_str("**Parked blocking gets** (KV put, 256-byte values, while N blocking gets of unwritten keys are parked on the node)\n\n| peer | parked gets | clients | put ops/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|\n");
+            for r in &self.parked {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |\n",
+                    r.peer,
+                    r.parked,
+                    r.put.clients,
+                    r.put.ops_per_s,
+                    r.put.latency.p50_ms,
+                    r.put.latency.p99_ms,
+                    r.put.errors
                 ));
             }
             s.push('\n');

@@ -115,6 +115,10 @@ pub struct ServeOptions {
     /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
     #[arg(long)]
     pub leader_wait_ms: Option<u64>,
+    /// Most client calls parked on this node at once (blocking gets,
+    /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 100000]
+    #[arg(long)]
+    pub max_parked_calls: Option<u64>,
     /// A TOML file with any of these keys
     #[arg(long)]
     #[serde(skip)]
@@ -153,6 +157,8 @@ pub struct ServeConfig {
     /// Each TensorFlow task's address (job name → addresses by task id),
     /// from --tf-cluster-spec; empty when not given.
     pub tf_addresses: BTreeMap<String, Vec<String>>,
+    /// Most client calls parked at once (0: no bound).
+    pub max_parked_calls: u64,
 }
 
 /// Reads a ClusterSpec (`{"job": ["host:port", ...]}`) or a TF_CONFIG
@@ -242,7 +248,8 @@ impl ServeOptions {
             keep_behind_snapshot,
             raft_heartbeat_ms,
             election_timeout_ms,
-            leader_wait_ms
+            leader_wait_ms,
+            max_parked_calls
         )
     }
 
@@ -374,6 +381,9 @@ impl ServeOptions {
             peer_overrides,
             join: self.join.unwrap_or(false),
             tf_addresses,
+            max_parked_calls: self
+                .max_parked_calls
+                .unwrap_or(crate::wake::DEFAULT_MAX_PARKED_CALLS),
         })
     }
 }

@@ -365,8 +365,10 @@ impl Coordination {
 
     /// GetKeyValue: the value once the key exists (no server-side timeout).
     pub async fn kv_get_blocking(&self, key: &str) -> CallResult<Bytes> {
-        self.wait_read(|s| s.kv_get(key).map(|v| Ok(v.clone())))
-            .await
+        self.core.linearizable().await?;
+        let index = self.core.applied_index();
+        let epoch = self.read(|s| s.epoch());
+        flatten(self.core.wait_for_key(index, epoch, key).await)
     }
 
     /// TryGetKeyValue: NOT_FOUND if absent.

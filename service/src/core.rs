@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::runtime::LeaderRuntime;
+use crate::wake::{KeyWaiters, Parked};
 
 /// gRPC metadata key marking a call forwarded by another node; such a call
 /// is never forwarded again (no forwarding loops while leadership moves).
@@ -51,6 +52,8 @@ pub struct Retry(pub String);
 pub struct Core {
     node: Arc<RaftNode>,
     parked: std::sync::atomic::AtomicU64,
+    max_parked: u64,
+    key_waiters: KeyWaiters,
     runtime: Arc<LeaderRuntime>,
     lanes: Lanes,
     leader_wait: Duration,
@@ -63,6 +66,8 @@ impl Core {
         Core {
             node,
             parked: std::sync::atomic::AtomicU64::new(0),
+            max_parked: crate::wake::DEFAULT_MAX_PARKED_CALLS,
+            key_waiters: KeyWaiters::default(),
             runtime: Arc::new(LeaderRuntime::default()),
             lanes: Lanes::new(),
             leader_wait,
@@ -78,6 +83,18 @@ impl Core {
     ) -> Self {
         self.runtime = Arc::new(LeaderRuntime::new(tf_addresses));
         self
+    }
+
+    /// This core with at most `max` client calls parked at once (0: no
+    /// bound); past it a call that would park gets RESOURCE_EXHAUSTED.
+    pub fn with_max_parked_calls(mut self, max: u64) -> Self {
+        self.max_parked = max;
+        self
+    }
+
+    /// The waiters of blocking gets, by key.
+    pub fn key_waiters(&self) -> &KeyWaiters {
+        &self.key_waiters
     }
 
     /// The node.
@@ -290,10 +307,48 @@ impl Core {
             }
             // Counted from the first time the answer is not there yet until
             // the call ends (answered, or dropped with its client).
-            parked.get_or_insert_with(|| Parked::new(&self.parked));
+            if parked.is_none() {
+                parked = Some(Parked::new(&self.parked, self.max_parked)?);
+            }
             rx.changed()
                 .await
                 .map_err(|_| Status::unavailable("the node is shutting down"))?;
+        }
+    }
+
+    /// Waits on the local state, from `log_index` on, until `key` exists
+    /// (its value), woken only by changes of that key (see [`crate::wake`]).
+    /// The wait belongs to job `epoch`; a job-epoch reset ends it with
+    /// ABORTED.
+    pub async fn wait_for_key(
+        &self,
+        log_index: u64,
+        epoch: u64,
+        key: &str,
+    ) -> Result<Result<bytes::Bytes, DomainError>, Status> {
+        self.wait_applied(log_index).await?;
+        let state = self.node.state();
+        let wait = self.key_waiters.register(journal::normalize_key(key));
+        let mut parked: Option<Parked<'_>> = None;
+        loop {
+            let woken = wait.notified();
+            let answer = state.read(|s| {
+                if s.epoch() != epoch {
+                    Some(Err(journal::errors::epoch_reset()))
+                } else {
+                    s.kv_get(key).map(|v| Ok(v.clone()))
+                }
+            });
+            if let Some(a) = answer {
+                return Ok(a);
+            }
+            if parked.is_none() {
+                parked = Some(Parked::new(&self.parked, self.max_parked)?);
+            }
+            woken.await;
+            if self.key_waiters.is_closed() {
+                return Err(Status::unavailable("the node is shutting down"));
+            }
         }
     }
 
@@ -354,22 +409,6 @@ impl Core {
             },
         )
         .await
-    }
-}
-
-/// One parked call, counted while it lives.
-struct Parked<'a>(&'a std::sync::atomic::AtomicU64);
-
-impl<'a> Parked<'a> {
-    fn new(count: &'a std::sync::atomic::AtomicU64) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Parked(count)
-    }
-}
-
-impl Drop for Parked<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

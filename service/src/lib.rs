@@ -15,3 +15,4 @@ pub mod node_api;
 pub mod push;
 pub mod runtime;
 pub mod server;
+pub mod wake;

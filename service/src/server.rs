@@ -73,7 +73,8 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             Duration::from_millis(cfg.leader_wait_ms),
             cfg.max_message_bytes,
         )
-        .with_tf_addresses(cfg.tf_addresses.clone()),
+        .with_tf_addresses(cfg.tf_addresses.clone())
+        .with_max_parked_calls(cfg.max_parked_calls),
     );
 
     let coord = Coordination::new(core.clone(), Duration::from_millis(cfg.leader_wait_ms));
@@ -101,6 +102,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     let tasks = vec![
         tokio::spawn(init_service_when_leader(core.clone(), cfg.clone())),
         tokio::spawn(core.runtime().clone().run(core.clone())),
+        tokio::spawn(crate::wake::run_key_wakeups(core.clone())),
     ];
     Ok(RunningNode {
         core,

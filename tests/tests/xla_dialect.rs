@@ -671,3 +671,60 @@ async fn origin_headers_bad_replayed_and_late() {
         .unwrap();
     assert_eq!(got.into_inner().kv.unwrap().value.as_ref(), b"2");
 }
+
+/// Parked calls are bounded (--max-parked-calls): past the bound a call that
+/// would park gets RESOURCE_EXHAUSTED, and nothing else changes; a parked
+/// blocking get (woken per key) answers when its key is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_calls_are_bounded_and_blocking_gets_wake_on_their_key() {
+    let cluster = Cluster::start(1, &["--tasks", "1", "--max-parked-calls", "2"]);
+    let addr = cluster.nodes[0].addr.clone();
+    let si = register_all(&addr, 1).await;
+    let get = |key: &'static str| {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            let mut c = wire::xla(&addr).await;
+            c.get_key_value(GetKeyValueRequest {
+                incarnations: inc(0, si),
+                key: key.into(),
+            })
+            .await
+        })
+    };
+    let a = get("park/a");
+    let b = get("park/b");
+    coordstore_tests::wait_parked(&addr, 2, WAIT).await;
+    let mut c = wire::xla(&addr).await;
+    let e = c
+        .get_key_value(GetKeyValueRequest {
+            incarnations: inc(0, si),
+            key: "park/c".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("--max-parked-calls 2"),
+        "{}",
+        e.message()
+    );
+    // A present key is answered at once even at the bound.
+    insert(&mut c, si, "park/here", b"h", false).await.unwrap();
+    let got = c
+        .get_key_value(GetKeyValueRequest {
+            incarnations: inc(0, si),
+            key: "park/here".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.into_inner().kv.unwrap().value.as_ref(), b"h");
+    // Writing b answers b's get; a's keeps waiting.
+    insert(&mut c, si, "park/b", b"vb", false).await.unwrap();
+    let got = b.await.unwrap().unwrap().into_inner();
+    assert_eq!(got.kv.unwrap().value.as_ref(), b"vb");
+    assert!(!a.is_finished());
+    insert(&mut c, si, "park/a", b"va", false).await.unwrap();
+    let got = a.await.unwrap().unwrap().into_inner();
+    assert_eq!(got.kv.unwrap().value.as_ref(), b"va");
+    assert_eq!(coordstore_tests::parked_calls(&addr).await, 0);
+}
