@@ -44,12 +44,21 @@ impl State {
         if let Err(e) = self.check_task(a.task, UnknownTaskIn::Barrier) {
             return Outcome::err(e);
         }
+        // Adapters resolve names and leave unknown ones out; an index past
+        // the cluster (an update from elsewhere) is an unknown participant
+        // too, so no barrier ever stores a task that does not exist.
+        let n = self.task_count();
+        let participants: Vec<u32> = a.participants.iter().copied().filter(|&p| p < n).collect();
+        let unknown = match a.participants.iter().find(|&&p| p >= n) {
+            Some(p) if a.unknown_participant.is_empty() => p.to_string(),
+            _ => a.unknown_participant.clone(),
+        };
         self.arrive(
             &a.id,
             a.counter,
             Some(a.timeout_ms),
-            &a.participants,
-            &a.unknown_participant,
+            &participants,
+            &unknown,
             a.task,
             a.recoverable,
             at,

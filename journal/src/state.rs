@@ -459,7 +459,7 @@ impl State {
     /// Whether `task` is recoverable: the whole service is, or the task
     /// declared itself so when it last registered.
     pub(crate) fn task_recoverable(&self, task: u32) -> bool {
-        self.recoverable() || self.t(task).recoverable
+        self.recoverable() || self.task(task).is_some_and(|t| t.recoverable)
     }
 
     /// Whether propagated errors are delivered to each task (TensorFlow's

@@ -622,3 +622,23 @@ fn a_timeout_of_a_hundred_tasks_is_deadline_exceeded_with_a_bounded_message() {
     contains(&e, "1/100");
     assert!(e.message.len() < 2000, "{} bytes", e.message.len());
 }
+
+#[test]
+fn a_participant_index_past_the_cluster_is_an_unknown_participant() {
+    // An update that did not come through an adapter (fuzzed, or a hostile
+    // client on the Node API) may name any index: it is refused like an
+    // unknown name, and the state stays one a snapshot can hold.
+    let mut s = cluster(2, Opts::recoverable());
+    let e = err(
+        &apply(&mut s, arrive("b", 0, 60_000, &[0, 99], 0), 2000),
+        Code::InvalidArgument,
+    );
+    contains(&e, "99");
+    let b = s.barrier("b").unwrap();
+    assert!(
+        b.participants.iter().all(|&p| p < 2),
+        "{:?}",
+        b.participants
+    );
+    State::decode_snapshot(&s.encode_snapshot()).expect("a valid snapshot");
+}
