@@ -5,8 +5,8 @@
 
 use std::pin::Pin;
 
-use journal::errors::UnknownTaskIn as U;
-use journal::{normalize_key, TaskStatus};
+use journal::errors::{unknown_task, UnknownTaskIn as U};
+use journal::{normalize_key, task_name, TaskStatus};
 use proto::coordstore::agent_server::{Agent, AgentServer};
 use proto::coordstore::{
     AgentPollRequest, AgentPollResponse, PutKeyValueRequest, PutKeyValueResponse, TaskRef,
@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::coord::Coordination;
-use crate::dialect::tf::{domain_status, task_index};
-use crate::dialect::to_status;
+use crate::coord::{CallResult, Coordination};
+use crate::dialect::tf::TfService;
+use crate::dialect::{read, unary};
 
 /// Most events sent in one watch message.
 const WATCH_BATCH: usize = 1024;
@@ -35,11 +35,13 @@ impl AgentApi {
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
     }
+}
 
-    fn task(&self, t: &Option<TaskRef>, call: U) -> Result<u32, Status> {
-        let t = t.clone().unwrap_or_default();
-        task_index(&self.coord, &t.job_name, t.task_id, call)
-    }
+/// Resolves a named task; `call` picks the unknown-task message.
+fn task(c: &Coordination, t: &Option<TaskRef>, call: U) -> CallResult<u32> {
+    let t = t.clone().unwrap_or_default();
+    c.read(|s| s.task_index(&t.job_name, t.task_id))
+        .ok_or_else(|| unknown_task(call, &task_name(&t.job_name, t.task_id)).into())
 }
 
 /// Whether `key` (normalised) is what a watch of `target` covers.
@@ -57,49 +59,45 @@ impl Agent for AgentApi {
         &self,
         req: Request<AgentPollRequest>,
     ) -> Result<Response<AgentPollResponse>, Status> {
-        self.coord.ready().await?;
-        let coord = self.coord.for_request(&req)?;
-        let task = self.task(&req.into_inner().task, U::PollForError)?;
-        let e = coord.poll_for_error(task).await;
-        Err(to_status(e, |d| domain_status(&self.coord, d)))
+        unary::<TfService, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.task, U::PollForError)?;
+            Err(c.poll_for_error(t).await)
+        })
+        .await
     }
 
     async fn put_key_value(
         &self,
         req: Request<PutKeyValueRequest>,
     ) -> Result<Response<PutKeyValueResponse>, Status> {
-        self.coord.ready().await?;
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        coord
-            .kv_insert(r.key, r.value, r.allow_overwrite)
-            .await
-            .map_err(|e| to_status(e, |d| domain_status(&self.coord, d)))?;
-        Ok(Response::new(PutKeyValueResponse {}))
+        unary::<TfService, _, _, _>(&self.coord, req, |c, r| async move {
+            c.kv_insert(r.key, r.value, r.allow_overwrite).await?;
+            Ok(PutKeyValueResponse {})
+        })
+        .await
     }
 
     async fn task_status(
         &self,
         req: Request<TaskStatusRequest>,
     ) -> Result<Response<TaskStatusResponse>, Status> {
-        self.coord.ready().await?;
-        let task = self.task(&req.into_inner().task, U::Heartbeat)?;
-        self.coord.core().linearizable().await?;
-        let entry = self
-            .coord
-            .read(|s| s.task(task).cloned().unwrap_or_default());
-        let e = entry.error.clone().unwrap_or_default();
-        Ok(Response::new(TaskStatusResponse {
-            state: match entry.status() {
-                TaskStatus::Disconnected => "DISCONNECTED",
-                TaskStatus::Connected => "CONNECTED",
-                TaskStatus::Error => "ERROR",
-            }
-            .into(),
-            incarnation: entry.incarnation,
-            error_code: e.code,
-            error_message: e.message,
-        }))
+        read::<TfService, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.task, U::Heartbeat)?;
+            let entry = c.task_entries(&[t]).await?.remove(0);
+            let e = entry.error.clone().unwrap_or_default();
+            Ok(TaskStatusResponse {
+                state: match entry.status() {
+                    TaskStatus::Disconnected => "DISCONNECTED",
+                    TaskStatus::Connected => "CONNECTED",
+                    TaskStatus::Error => "ERROR",
+                }
+                .into(),
+                incarnation: entry.incarnation,
+                error_code: e.code,
+                error_message: e.message,
+            })
+        })
+        .await
     }
 
     type WatchStream = WatchStream;

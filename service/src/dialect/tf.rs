@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
-use journal::errors::UnknownTaskIn as U;
+use journal::errors::{unknown_task, UnknownTaskIn as U};
 use journal::{task_name, DomainError};
 use prost::Message;
 use proto::payload_keys;
@@ -21,8 +21,8 @@ use proto::tf::*;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
-use super::{status_with_payloads, to_status};
-use crate::coord::{CallError, Coordination};
+use super::{read, status_with_payloads, unary, WireErrors};
+use crate::coord::{CallResult, Coordination};
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -42,15 +42,24 @@ impl TfService {
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
     }
+}
 
-    fn status(&self, e: CallError) -> Status {
-        to_status(e, |d| domain_status(&self.coord, d))
+impl WireErrors for TfService {
+    fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
+        domain_status(coord, e)
     }
+}
 
-    fn task(&self, t: &Option<CoordinatedTask>, call: U) -> Result<u32, Status> {
-        let t = t.clone().unwrap_or_default();
-        task_index(&self.coord, &t.job_name, t.task_id, call)
-    }
+/// Resolves a wire task; `call` picks the unknown-task message.
+fn task(c: &Coordination, t: &Option<CoordinatedTask>, call: U) -> CallResult<u32> {
+    let t = t.clone().unwrap_or_default();
+    c.read(|s| s.task_index(&t.job_name, t.task_id))
+        .ok_or_else(|| unknown_task(call, &task_name(&t.job_name, t.task_id)).into())
+}
+
+/// Whether the calling task declares itself recoverable (TF 2.21).
+fn recoverable(t: &Option<CoordinatedTask>) -> bool {
+    t.as_ref().is_some_and(|t| t.recoverable)
 }
 
 /// The wire error of a domain error, payload in the tensorflow encoding
@@ -84,16 +93,6 @@ pub(crate) fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
         payloads.insert(payload_keys::BARRIER_ERROR.to_string(), p.encode_to_vec());
     }
     status_with_payloads(e.code, &e.message, payloads)
-}
-
-/// The index of task `id` of job `job`, or the unknown-task error of `call`.
-pub(crate) fn task_index(coord: &Coordination, job: &str, id: i32, call: U) -> Result<u32, Status> {
-    coord.read(|s| s.task_index(job, id)).ok_or_else(|| {
-        domain_status(
-            coord,
-            &journal::errors::unknown_task(call, &task_name(job, id)),
-        )
-    })
 }
 
 /// What the journal keeps of a task's WaitForAllTasks: both generations'
@@ -170,95 +169,82 @@ fn aggregate_devices(
     CoordinationServiceDeviceInfo { r#type }
 }
 
+type T = TfService;
+
 #[tonic::async_trait]
 impl CoordinationService for TfService {
     async fn register_task(
         &self,
         req: Request<RegisterTaskRequest>,
     ) -> Reply<RegisterTaskResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(&r.source_task, U::Register)?;
-        let recoverable = r.source_task.as_ref().is_some_and(|t| t.recoverable);
-        let inc = coord
-            .register(task, r.incarnation, recoverable)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(RegisterTaskResponse {
-            leader_incarnation: inc,
-        }))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::Register)?;
+            let leader_incarnation = c
+                .register(t, r.incarnation, recoverable(&r.source_task))
+                .await?;
+            Ok(RegisterTaskResponse { leader_incarnation })
+        })
+        .await
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(&r.source_task, U::Heartbeat)?;
-        let inc = coord
-            .heartbeat(task, r.incarnation)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(HeartbeatResponse {
-            leader_incarnation: inc,
-        }))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::Heartbeat)?;
+            let leader_incarnation = c.heartbeat(t, r.incarnation).await?;
+            Ok(HeartbeatResponse { leader_incarnation })
+        })
+        .await
     }
 
     async fn wait_for_all_tasks(
         &self,
         req: Request<WaitForAllTasksRequest>,
     ) -> Reply<WaitForAllTasksResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(&r.source_task, U::WaitForAllTasks)?;
-        tracing::debug!(
-            task,
-            seed_devices = r.local_device_info.is_some(),
-            devices = r.device_info.as_ref().map_or(0, |d| d.device.len()),
-            "WaitForAllTasks"
-        );
-        let infos = coord
-            .wait_for_all_tasks(task, stored_devices(&r))
-            .await
-            .map_err(|e| self.status(e))?;
-        let stored = infos.len();
-        let (seed, all) = cluster_devices(infos);
-        tracing::debug!(
-            task,
-            stored,
-            devices = all.device.len(),
-            "WaitForAllTasks answered"
-        );
-        Ok(Response::new(WaitForAllTasksResponse {
-            leader_incarnation: self.coord.read(|s| s.service_incarnation()),
-            cluster_device_info: Some(seed),
-            device_info: Some(all),
-        }))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::WaitForAllTasks)?;
+            tracing::debug!(
+                task = t,
+                seed_devices = r.local_device_info.is_some(),
+                devices = r.device_info.as_ref().map_or(0, |d| d.device.len()),
+                "WaitForAllTasks"
+            );
+            let infos = c.wait_for_all_tasks(t, stored_devices(&r)).await?;
+            let stored = infos.len();
+            let (seed, all) = cluster_devices(infos);
+            tracing::debug!(
+                task = t,
+                stored,
+                devices = all.device.len(),
+                "WaitForAllTasks answered"
+            );
+            Ok(WaitForAllTasksResponse {
+                leader_incarnation: c.read(|s| s.service_incarnation()),
+                cluster_device_info: Some(seed),
+                device_info: Some(all),
+            })
+        })
+        .await
     }
 
     async fn shutdown_task(
         &self,
         req: Request<ShutdownTaskRequest>,
     ) -> Reply<ShutdownTaskResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let source = req.into_inner().source_task;
-        let task = self.task(&source, U::Disconnect)?;
-        let recoverable = source.as_ref().is_some_and(|t| t.recoverable);
-        coord
-            .shutdown(task, recoverable)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(ShutdownTaskResponse {}))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::Disconnect)?;
+            c.shutdown(t, recoverable(&r.source_task)).await?;
+            Ok(ShutdownTaskResponse {})
+        })
+        .await
     }
 
     async fn reset_task(&self, req: Request<ResetTaskRequest>) -> Reply<ResetTaskResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let task = self.task(&req.into_inner().source_task, U::Disconnect)?;
-        coord.reset(task).await.map_err(|e| self.status(e))?;
-        Ok(Response::new(ResetTaskResponse {}))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::Disconnect)?;
+            c.reset(t).await?;
+            Ok(ResetTaskResponse {})
+        })
+        .await
     }
 
     async fn report_error_to_task(
@@ -274,168 +260,149 @@ impl CoordinationService for TfService {
         &self,
         req: Request<ReportErrorToServiceRequest>,
     ) -> Reply<ReportErrorToServiceResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(&r.error_origin, U::ReportError)?;
-        coord
-            .report_error(task, r.error_code, r.error_message)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(ReportErrorToServiceResponse {}))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.error_origin, U::ReportError)?;
+            c.report_error(t, r.error_code, r.error_message).await?;
+            Ok(ReportErrorToServiceResponse {})
+        })
+        .await
     }
 
     async fn insert_key_value(
         &self,
         req: Request<InsertKeyValueRequest>,
     ) -> Reply<InsertKeyValueResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let kv = r.kv.unwrap_or_default();
-        coord
-            .kv_insert(kv.key, kv.value, r.allow_overwrite)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(InsertKeyValueResponse {}))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let kv = r.kv.unwrap_or_default();
+            c.kv_insert(kv.key, kv.value, r.allow_overwrite).await?;
+            Ok(InsertKeyValueResponse {})
+        })
+        .await
     }
 
     async fn get_key_value(&self, req: Request<GetKeyValueRequest>) -> Reply<GetKeyValueResponse> {
-        self.coord.ready().await?;
-        let key = req.into_inner().key;
-        let value = self
-            .coord
-            .kv_get_blocking(&key)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(GetKeyValueResponse {
-            kv: Some(KeyValueEntry { key, value }),
-        }))
+        read::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let value = c.kv_get_blocking(&r.key).await?;
+            Ok(GetKeyValueResponse {
+                kv: Some(KeyValueEntry { key: r.key, value }),
+            })
+        })
+        .await
     }
 
     async fn try_get_key_value(
         &self,
         req: Request<TryGetKeyValueRequest>,
     ) -> Reply<TryGetKeyValueResponse> {
-        self.coord.ready().await?;
-        let key = req.into_inner().key;
-        let value = self
-            .coord
-            .kv_try_get(&key)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(TryGetKeyValueResponse {
-            kv: Some(KeyValueEntry { key, value }),
-        }))
+        read::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let value = c.kv_try_get(&r.key).await?;
+            Ok(TryGetKeyValueResponse {
+                kv: Some(KeyValueEntry { key: r.key, value }),
+            })
+        })
+        .await
     }
 
     async fn get_key_value_dir(
         &self,
         req: Request<GetKeyValueDirRequest>,
     ) -> Reply<GetKeyValueDirResponse> {
-        self.coord.ready().await?;
-        let dir = req.into_inner().directory_key;
-        let entries = self.coord.kv_dir(&dir).await.map_err(|e| self.status(e))?;
-        Ok(Response::new(GetKeyValueDirResponse {
-            directory_key: dir,
-            kv: entries
-                .into_iter()
-                .map(|(key, value)| KeyValueEntry { key, value })
-                .collect(),
-        }))
+        read::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let entries = c.kv_dir(&r.directory_key).await?;
+            Ok(GetKeyValueDirResponse {
+                directory_key: r.directory_key,
+                kv: entries
+                    .into_iter()
+                    .map(|(key, value)| KeyValueEntry { key, value })
+                    .collect(),
+            })
+        })
+        .await
     }
 
     async fn delete_key_value(
         &self,
         req: Request<DeleteKeyValueRequest>,
     ) -> Reply<DeleteKeyValueResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let key = req.into_inner().key;
-        coord.kv_delete(key).await.map_err(|e| self.status(e))?;
-        Ok(Response::new(DeleteKeyValueResponse {}))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            c.kv_delete(r.key).await?;
+            Ok(DeleteKeyValueResponse {})
+        })
+        .await
     }
 
     async fn barrier(&self, req: Request<BarrierRequest>) -> Reply<BarrierResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(&r.source_task, U::Barrier)?;
-        let mut participants = Vec::with_capacity(r.tasks.len());
-        let mut unknown = String::new();
-        for t in &r.tasks {
-            match self.coord.read(|s| s.task_index(&t.job_name, t.task_id)) {
-                Some(i) => participants.push(i),
-                None if unknown.is_empty() => unknown = task_name(&t.job_name, t.task_id),
-                None => {}
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::Barrier)?;
+            let mut participants = Vec::with_capacity(r.tasks.len());
+            let mut unknown = String::new();
+            for p in &r.tasks {
+                match c.read(|s| s.task_index(&p.job_name, p.task_id)) {
+                    Some(i) => participants.push(i),
+                    None if unknown.is_empty() => unknown = task_name(&p.job_name, p.task_id),
+                    None => {}
+                }
             }
-        }
-        let counter = coord
-            .barrier(
-                r.barrier_id,
-                r.counter,
-                r.barrier_timeout_in_ms.max(0) as u64,
-                participants,
-                unknown,
-                task,
-                r.source_task.as_ref().is_some_and(|t| t.recoverable),
-            )
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(BarrierResponse { counter }))
+            let timeout_ms = r.barrier_timeout_in_ms.max(0) as u64;
+            let caller_recoverable = recoverable(&r.source_task);
+            let counter = c
+                .barrier(
+                    r.barrier_id,
+                    r.counter,
+                    timeout_ms,
+                    participants,
+                    unknown,
+                    t,
+                    caller_recoverable,
+                )
+                .await?;
+            Ok(BarrierResponse { counter })
+        })
+        .await
     }
 
     async fn cancel_barrier(
         &self,
         req: Request<CancelBarrierRequest>,
     ) -> Reply<CancelBarrierResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(&r.source_task, U::Barrier)?;
-        coord
-            .cancel_barrier(r.barrier_id, r.counter, task)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(CancelBarrierResponse {}))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::Barrier)?;
+            c.cancel_barrier(r.barrier_id, r.counter, t).await?;
+            Ok(CancelBarrierResponse {})
+        })
+        .await
     }
 
     async fn get_task_state(
         &self,
         req: Request<GetTaskStateRequest>,
     ) -> Reply<GetTaskStateResponse> {
-        self.coord.ready().await?;
-        let tasks = req.into_inner().source_task;
-        let mut indices = Vec::with_capacity(tasks.len());
-        for t in &tasks {
-            indices.push(task_index(
-                &self.coord,
-                &t.job_name,
-                t.task_id,
-                U::GetTaskState,
-            )?);
-        }
-        let entries = self
-            .coord
-            .task_entries(&indices)
-            .await
-            .map_err(|e| self.status(e))?;
-        let task_state = tasks
-            .into_iter()
-            .zip(entries)
-            .map(|(task, entry)| task_state_info(&self.coord, task, &entry))
-            .collect();
-        Ok(Response::new(GetTaskStateResponse { task_state }))
+        read::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let tasks = r.source_task;
+            let mut indices = Vec::with_capacity(tasks.len());
+            for t in &tasks {
+                indices.push(task(&c, &Some(t.clone()), U::GetTaskState)?);
+            }
+            let entries = c.task_entries(&indices).await?;
+            let task_state = tasks
+                .into_iter()
+                .zip(entries)
+                .map(|(t, entry)| task_state_info(&c, t, &entry))
+                .collect();
+            Ok(GetTaskStateResponse { task_state })
+        })
+        .await
     }
 
     async fn poll_for_error(
         &self,
         req: Request<PollForErrorRequest>,
     ) -> Reply<PollForErrorResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let task = self.task(&req.into_inner().source_task, U::PollForError)?;
-        Err(self.status(coord.poll_for_error(task).await))
+        unary::<T, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, &r.source_task, U::PollForError)?;
+            Err(c.poll_for_error(t).await)
+        })
+        .await
     }
 }
 

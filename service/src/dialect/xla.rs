@@ -13,8 +13,8 @@ use proto::xla::*;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
-use super::{status_with_payloads, to_status};
-use crate::coord::{CallError, Coordination};
+use super::{read, status_with_payloads, unary, WireErrors};
+use crate::coord::{CallResult, Coordination};
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -34,18 +34,16 @@ impl XlaService {
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
     }
+}
 
-    fn status(&self, e: CallError) -> Status {
-        to_status(e, |d| self.domain_status(d))
-    }
-
+impl WireErrors for XlaService {
     /// The wire error of a domain error, payloads in xla encoding.
-    fn domain_status(&self, e: &DomainError) -> Status {
+    fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
         let mut payloads = HashMap::new();
         if e.coordination_payload {
             let source_task_id = e
                 .source_task
-                .and_then(|i| self.coord.read(|s| s.task_id(i).map(|(_, id)| id)))
+                .and_then(|i| coord.read(|s| s.task_id(i).map(|(_, id)| id)))
                 .unwrap_or(0);
             let p = CoordinationServiceError {
                 is_reported_error: e.is_reported_error,
@@ -74,25 +72,18 @@ impl XlaService {
         }
         status_with_payloads(e.code, &e.message, payloads)
     }
+}
 
-    /// Resolves a jaxlib task id; `call` picks the unknown-task message.
-    fn task(&self, id: i32, call: journal::errors::UnknownTaskIn) -> Result<u32, Status> {
-        self.coord
-            .read(|s| s.task_index(JAX_JOB, id))
-            .ok_or_else(|| {
-                self.domain_status(&journal::errors::unknown_task(call, &id.to_string()))
-            })
-    }
+/// Resolves a jaxlib task id; `call` picks the unknown-task message.
+fn task(c: &Coordination, id: i32, call: U) -> CallResult<u32> {
+    c.read(|s| s.task_index(JAX_JOB, id))
+        .ok_or_else(|| unknown_task(call, &id.to_string()).into())
+}
 
-    /// Configured service, and the caller's service incarnation matches.
-    async fn admit(&self, incarnations: &Option<Incarnations>) -> Result<(), Status> {
-        self.coord.ready().await?;
-        let requested = incarnations.as_ref().map_or(0, |i| i.service_incarnation);
-        self.coord
-            .check_service_incarnation(requested)
-            .await
-            .map_err(|e| self.status(e))
-    }
+/// The caller's service incarnation matches (every call but RegisterTask).
+async fn admit(c: &Coordination, incarnations: &Option<Incarnations>) -> CallResult<()> {
+    let requested = incarnations.as_ref().map_or(0, |i| i.service_incarnation);
+    c.check_service_incarnation(requested).await
 }
 
 fn task_state(s: TaskStatus) -> TaskState {
@@ -103,7 +94,9 @@ fn task_state(s: TaskStatus) -> TaskState {
     }
 }
 
-use journal::errors::UnknownTaskIn as U;
+use journal::errors::{unknown_task, UnknownTaskIn as U};
+
+type X = XlaService;
 
 #[tonic::async_trait]
 impl CoordinationService for XlaService {
@@ -111,279 +104,253 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<RegisterTaskRequest>,
     ) -> Reply<RegisterTaskResponse> {
-        let coord = self.coord.for_request(&req)?;
-        self.coord.ready().await?;
-        let r = req.into_inner();
-        let task = self.task(r.source_task_id, U::Register)?;
-        let inc = coord
-            .register(task, r.incarnation, false)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(RegisterTaskResponse {
-            service_incarnation: inc,
-        }))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            let t = task(&c, r.source_task_id, U::Register)?;
+            let service_incarnation = c.register(t, r.incarnation, false).await?;
+            Ok(RegisterTaskResponse {
+                service_incarnation,
+            })
+        })
+        .await
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.source_task_id, U::Heartbeat)?;
-        let inc = coord
-            .heartbeat(task, r.incarnation)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(HeartbeatResponse {
-            service_incarnation: inc,
-        }))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.source_task_id, U::Heartbeat)?;
+            let service_incarnation = c.heartbeat(t, r.incarnation).await?;
+            Ok(HeartbeatResponse {
+                service_incarnation,
+            })
+        })
+        .await
     }
 
     async fn shutdown_task(
         &self,
         req: Request<ShutdownTaskRequest>,
     ) -> Reply<ShutdownTaskResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.source_task_id, U::Disconnect)?;
-        coord
-            .shutdown(task, false)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(ShutdownTaskResponse {}))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.source_task_id, U::Disconnect)?;
+            c.shutdown(t, false).await?;
+            Ok(ShutdownTaskResponse {})
+        })
+        .await
     }
 
     async fn watch_tasks(&self, req: Request<WatchTasksRequest>) -> Reply<WatchTasksResponse> {
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let (views, version) = self
-            .coord
-            .watch_tasks(r.version_number)
-            .await
-            .map_err(|e| self.status(e))?;
-        let task_state = views
-            .into_iter()
-            .filter_map(|v| {
-                let (job, id) = self
-                    .coord
-                    .read(|s| s.task_id(v.index).map(|(j, id)| (j.to_string(), id)))?;
-                (job == JAX_JOB).then(|| {
-                    let e = v.entry.error.clone().unwrap_or_default();
-                    let payload = v.entry.error.as_ref().map(|e| CoordinationServiceError {
-                        is_reported_error: e.is_reported_error,
-                        source_task_id: e
-                            .source_task
-                            .and_then(|i| self.coord.read(|s| s.task_id(i).map(|(_, id)| id)))
-                            .unwrap_or(0),
-                    });
-                    TaskInfo {
-                        task_id: id,
-                        incarnation: v.entry.incarnation,
-                        state: task_state(v.entry.status()) as i32,
-                        error_code: e.code,
-                        error_message: e.message,
-                        error_payload: payload,
-                    }
+        read::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let (views, version) = c.watch_tasks(r.version_number).await?;
+            let id_of = |i: u32| c.read(|s| s.task_id(i).map(|(j, id)| (j.to_string(), id)));
+            let task_state = views
+                .into_iter()
+                .filter_map(|v| {
+                    let (job, id) = id_of(v.index)?;
+                    (job == JAX_JOB).then(|| {
+                        let e = v.entry.error.clone().unwrap_or_default();
+                        let payload = v.entry.error.as_ref().map(|e| CoordinationServiceError {
+                            is_reported_error: e.is_reported_error,
+                            source_task_id: e
+                                .source_task
+                                .and_then(|i| id_of(i).map(|(_, id)| id))
+                                .unwrap_or(0),
+                        });
+                        TaskInfo {
+                            task_id: id,
+                            incarnation: v.entry.incarnation,
+                            state: task_state(v.entry.status()) as i32,
+                            error_code: e.code,
+                            error_message: e.message,
+                            error_payload: payload,
+                        }
+                    })
                 })
+                .collect();
+            Ok(WatchTasksResponse {
+                task_state,
+                version_number: version,
             })
-            .collect();
-        Ok(Response::new(WatchTasksResponse {
-            task_state,
-            version_number: version,
-        }))
+        })
+        .await
     }
 
     async fn insert_key_value(
         &self,
         req: Request<InsertKeyValueRequest>,
     ) -> Reply<InsertKeyValueResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let kv = r.kv.unwrap_or_default();
-        coord
-            .kv_insert(kv.key, kv.value, r.allow_overwrite)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(InsertKeyValueResponse {}))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let kv = r.kv.unwrap_or_default();
+            c.kv_insert(kv.key, kv.value, r.allow_overwrite).await?;
+            Ok(InsertKeyValueResponse {})
+        })
+        .await
     }
 
     async fn get_key_value(&self, req: Request<GetKeyValueRequest>) -> Reply<GetKeyValueResponse> {
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let value = self
-            .coord
-            .kv_get_blocking(&r.key)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(GetKeyValueResponse {
-            kv: Some(KeyValueEntry { key: r.key, value }),
-        }))
+        read::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let value = c.kv_get_blocking(&r.key).await?;
+            Ok(GetKeyValueResponse {
+                kv: Some(KeyValueEntry { key: r.key, value }),
+            })
+        })
+        .await
     }
 
     async fn try_get_key_value(
         &self,
         req: Request<TryGetKeyValueRequest>,
     ) -> Reply<TryGetKeyValueResponse> {
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let value = self
-            .coord
-            .kv_try_get(&r.key)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(TryGetKeyValueResponse {
-            kv: Some(KeyValueEntry { key: r.key, value }),
-        }))
+        read::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let value = c.kv_try_get(&r.key).await?;
+            Ok(TryGetKeyValueResponse {
+                kv: Some(KeyValueEntry { key: r.key, value }),
+            })
+        })
+        .await
     }
 
     async fn increment_key_value(
         &self,
         req: Request<IncrementKeyValueRequest>,
     ) -> Reply<IncrementKeyValueResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let v = coord
-            .kv_increment(r.key.clone(), r.increment)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(IncrementKeyValueResponse {
-            kv: Some(KeyValueEntry {
-                key: r.key,
-                value: Bytes::from(v.to_string()),
-            }),
-        }))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let v = c.kv_increment(r.key.clone(), r.increment).await?;
+            Ok(IncrementKeyValueResponse {
+                kv: Some(KeyValueEntry {
+                    key: r.key,
+                    value: Bytes::from(v.to_string()),
+                }),
+            })
+        })
+        .await
     }
 
     async fn get_key_value_dir(
         &self,
         req: Request<GetKeyValueDirRequest>,
     ) -> Reply<GetKeyValueDirResponse> {
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let entries = self
-            .coord
-            .kv_dir(&r.directory_key)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(GetKeyValueDirResponse {
-            directory_key: r.directory_key,
-            kv: entries
-                .into_iter()
-                .map(|(key, value)| KeyValueEntry { key, value })
-                .collect(),
-        }))
+        read::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let entries = c.kv_dir(&r.directory_key).await?;
+            Ok(GetKeyValueDirResponse {
+                directory_key: r.directory_key,
+                kv: entries
+                    .into_iter()
+                    .map(|(key, value)| KeyValueEntry { key, value })
+                    .collect(),
+            })
+        })
+        .await
     }
 
     async fn delete_key_value(
         &self,
         req: Request<DeleteKeyValueRequest>,
     ) -> Reply<DeleteKeyValueResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        coord.kv_delete(r.key).await.map_err(|e| self.status(e))?;
-        Ok(Response::new(DeleteKeyValueResponse {}))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            c.kv_delete(r.key).await?;
+            Ok(DeleteKeyValueResponse {})
+        })
+        .await
     }
 
     async fn barrier(&self, req: Request<BarrierRequest>) -> Reply<BarrierResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.source_task_id, U::Barrier)?;
-        let mut participants = Vec::with_capacity(r.task_ids.len());
-        let mut unknown = String::new();
-        for id in &r.task_ids {
-            match self.coord.read(|s| s.task_index(JAX_JOB, *id)) {
-                Some(i) => participants.push(i),
-                None if unknown.is_empty() => unknown = id.to_string(),
-                None => {}
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.source_task_id, U::Barrier)?;
+            let mut participants = Vec::with_capacity(r.task_ids.len());
+            let mut unknown = String::new();
+            for id in &r.task_ids {
+                match c.read(|s| s.task_index(JAX_JOB, *id)) {
+                    Some(i) => participants.push(i),
+                    None if unknown.is_empty() => unknown = id.to_string(),
+                    None => {}
+                }
             }
-        }
-        let counter = coord
-            .barrier(
-                r.barrier_id,
-                r.counter,
-                r.barrier_timeout_in_ms.max(0) as u64,
-                participants,
-                unknown,
-                task,
-                false,
-            )
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(BarrierResponse { counter }))
+            let timeout_ms = r.barrier_timeout_in_ms.max(0) as u64;
+            let counter = c
+                .barrier(
+                    r.barrier_id,
+                    r.counter,
+                    timeout_ms,
+                    participants,
+                    unknown,
+                    t,
+                    false,
+                )
+                .await?;
+            Ok(BarrierResponse { counter })
+        })
+        .await
     }
 
     async fn cancel_barrier(
         &self,
         req: Request<CancelBarrierRequest>,
     ) -> Reply<CancelBarrierResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.source_task_id, U::Barrier)?;
-        coord
-            .cancel_barrier(r.barrier_id, r.counter, task)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(CancelBarrierResponse {}))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.source_task_id, U::Barrier)?;
+            c.cancel_barrier(r.barrier_id, r.counter, t).await?;
+            Ok(CancelBarrierResponse {})
+        })
+        .await
     }
 
     async fn get_alive_tasks(
         &self,
         req: Request<GetAliveTasksRequest>,
     ) -> Reply<GetAliveTasksResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.requesting_task_id, U::AliveTasks)?;
-        let mut tasks = Vec::with_capacity(r.task_ids.len());
-        for id in &r.task_ids {
-            tasks.push(self.task(*id, U::AliveTasks)?);
-        }
-        let alive = coord
-            .alive_tasks(task, tasks)
-            .await
-            .map_err(|e| self.status(e))?;
-        let ids = alive
-            .tasks
-            .iter()
-            .map(|&i| {
-                self.coord
-                    .read(|s| s.task_id(i).map_or(i as i32, |(_, id)| id))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.requesting_task_id, U::AliveTasks)?;
+            let mut tasks = Vec::with_capacity(r.task_ids.len());
+            for id in &r.task_ids {
+                tasks.push(task(&c, *id, U::AliveTasks)?);
+            }
+            let alive = c.alive_tasks(t, tasks).await?;
+            let alive_task_ids = alive
+                .tasks
+                .iter()
+                .map(|&i| c.read(|s| s.task_id(i).map_or(i as i32, |(_, id)| id)))
+                .collect();
+            Ok(GetAliveTasksResponse {
+                alive_task_ids,
+                incarnations: alive.incarnations,
             })
-            .collect();
-        Ok(Response::new(GetAliveTasksResponse {
-            alive_task_ids: ids,
-            incarnations: alive.incarnations,
-        }))
+        })
+        .await
     }
 
     async fn poll_for_error(
         &self,
         req: Request<PollForErrorRequest>,
     ) -> Reply<PollForErrorResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.source_task_id, U::PollForError)?;
-        Err(self.status(coord.poll_for_error(task).await))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.source_task_id, U::PollForError)?;
+            Err(c.poll_for_error(t).await)
+        })
+        .await
     }
 
     async fn report_error_to_service(
         &self,
         req: Request<ReportErrorToServiceRequest>,
     ) -> Reply<ReportErrorToServiceResponse> {
-        let coord = self.coord.for_request(&req)?;
-        let r = req.into_inner();
-        self.admit(&r.incarnations).await?;
-        let task = self.task(r.source_task_id, U::ReportError)?;
-        coord
-            .report_error(task, r.error_code, r.error_message)
-            .await
-            .map_err(|e| self.status(e))?;
-        Ok(Response::new(ReportErrorToServiceResponse {}))
+        unary::<X, _, _, _>(&self.coord, req, |c, r| async move {
+            admit(&c, &r.incarnations).await?;
+            let t = task(&c, r.source_task_id, U::ReportError)?;
+            c.report_error(t, r.error_code, r.error_message).await?;
+            Ok(ReportErrorToServiceResponse {})
+        })
+        .await
     }
 }
