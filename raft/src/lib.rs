@@ -2,8 +2,10 @@
 //! 0.9 (storage-v2). A [`RaftNode`] owns the storage, openraft, a **write
 //! batcher** that packs every update queued while earlier entries are in
 //! flight into one Raft entry (group commit — 0.9 does one fsync per entry),
-//! and a **read coalescer** that lets one `ensure_linearizable` serve every
-//! read queued before it started. Peer RPCs (append, vote, snapshot) travel
+//! and a **read coalescer** that serves every read queued before a quorum
+//! round started with that one round (ReadIndex: the read index is captured
+//! before the round, and the read waits until the state the service reads
+//! has applied it). Peer RPCs (append, vote, snapshot) travel
 //! over tonic with one cached channel per peer. Bootstrap of a static cluster
 //! is idempotent; membership changes are library calls.
 
