@@ -472,24 +472,41 @@ impl Agent {
 
     /// Calls `on_change` with every change of `key` or anything under it from
     /// now on, in revision order, without gaps or repeats across node
-    /// failures (the watch resumes from its last revision). If the service no
-    /// longer has the history to resume from, the current values are re-read
-    /// and delivered, with deletions for keys that disappeared.
+    /// failures (the watch resumes from its last revision). Returns once the
+    /// service watches: every change acknowledged after this returns is
+    /// delivered. If the service no longer has the history to resume from,
+    /// the current values are re-read and delivered, with deletions for keys
+    /// that disappeared.
     pub async fn start_watch_key(
         &self,
         key: &str,
         on_change: ChangedKeyValuesCallback,
     ) -> Result<(), Status> {
         let i = self.inner()?.clone();
-        let mut watches = lock(&i.watches);
-        if watches.contains_key(key) {
-            return Err(Status::already_exists(format!(
-                "key {key} is already watched"
-            )));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        {
+            let mut watches = lock(&i.watches);
+            if watches.contains_key(key) {
+                return Err(Status::already_exists(format!(
+                    "key {key} is already watched"
+                )));
+            }
+            let handle = tokio::spawn(watch_loop(
+                self.clone(),
+                key.to_string(),
+                on_change,
+                ready_tx,
+            ));
+            watches.insert(key.to_string(), handle);
         }
-        let handle = tokio::spawn(watch_loop(self.clone(), key.to_string(), on_change));
-        watches.insert(key.to_string(), handle);
-        Ok(())
+        let started = match ready_rx.await {
+            Ok(r) => r,
+            Err(_) => Err(Status::cancelled("the watch was stopped before it started")),
+        };
+        if started.is_err() {
+            lock(&i.watches).remove(key);
+        }
+        started
     }
 
     /// Stops a watch started with [`Agent::start_watch_key`]; NOT_FOUND if none.
@@ -677,10 +694,21 @@ async fn poll_errors(i: Arc<Inner>) {
     }
 }
 
-async fn watch_loop(agent: Agent, key: String, on_change: ChangedKeyValuesCallback) {
+async fn watch_loop(
+    agent: Agent,
+    key: String,
+    on_change: ChangedKeyValuesCallback,
+    ready: tokio::sync::oneshot::Sender<Result<(), Status>>,
+) {
     let Some(i) = agent.inner.clone() else {
+        let _ = ready.send(Err(Status::failed_precondition(
+            "the agent is not initialized",
+        )));
         return;
     };
+    // Told once the first stream's opening message (the baseline revision)
+    // has arrived: from then on the service has every change for us.
+    let mut ready = Some(ready);
     // Keys currently known under the watch, for deletions after a re-read.
     let mut known: BTreeMap<String, Bytes> = BTreeMap::new();
     let mut last: u64 = 0;
@@ -701,12 +729,18 @@ async fn watch_loop(agent: Agent, key: String, on_change: ChangedKeyValuesCallba
             }
             Err(s) => {
                 tracing::warn!("watch of {key} ended: {s}");
+                if let Some(r) = ready.take() {
+                    let _ = r.send(Err(s));
+                }
                 return;
             }
         };
         loop {
             match stream.message().await {
                 Ok(Some(msg)) if msg.compacted => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(Ok(()));
+                    }
                     // History gone: deliver the current state instead.
                     let now: BTreeMap<String, Bytes> = match agent.get_key_value_dir(&key).await {
                         Ok(v) => v.into_iter().collect(),
@@ -731,6 +765,9 @@ async fn watch_loop(agent: Agent, key: String, on_change: ChangedKeyValuesCallba
                     break;
                 }
                 Ok(Some(msg)) => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(Ok(()));
+                    }
                     if last == 0 || msg.revision > last {
                         let mut changes: BTreeMap<String, Option<Bytes>> = BTreeMap::new();
                         for e in msg.events {
