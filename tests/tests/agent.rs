@@ -226,11 +226,13 @@ async fn run_steps(
     managers: Vec<Arc<PreemptionSyncManager>>,
     starts: Vec<i64>,
     limit: i64,
+    taken: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Vec<Option<i64>> {
     let joins: Vec<_> = managers
         .into_iter()
         .zip(starts)
         .map(|(m, start)| {
+            let taken = taken.clone();
             tokio::spawn(async move {
                 let mut step = start;
                 while step < start + limit {
@@ -238,6 +240,7 @@ async fn run_steps(
                         return Some(step);
                     }
                     step += 1;
+                    taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 None
@@ -264,8 +267,22 @@ async fn preempted_tasks_agree_on_one_step() {
         .map(|(a, n)| Arc::new(PreemptionSyncManager::start(a.clone(), n).unwrap()))
         .collect();
     // Tasks run at different step counters; task 1 gets the notice shortly.
-    let steps = tokio::spawn(run_steps(managers.clone(), vec![0, 40, 15], 2000));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let steps = tokio::spawn(run_steps(
+        managers.clone(),
+        vec![0, 40, 15],
+        2000,
+        taken.clone(),
+    ));
+    // The tasks are stepping (30 steps among them) when the notice comes.
+    let deadline = std::time::Instant::now() + WAIT;
+    while taken.load(std::sync::atomic::Ordering::Relaxed) < 30 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tasks do not step"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     notifiers[1].notify(SystemTime::now() + Duration::from_secs(60));
     let stopped = steps.await.unwrap();
     let point = managers[0].sync_point().expect("a sync point was decided");
