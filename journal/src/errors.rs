@@ -524,6 +524,17 @@ pub fn epoch_reset() -> DomainError {
     )
 }
 
+/// A command whose task names were resolved in job epoch `named_in` while
+/// the job is now in `current`: not applied.
+pub fn stale_epoch(named_in: u64, current: u64) -> DomainError {
+    with_payload(
+        Code::Aborted,
+        format!(
+            "This call named its tasks in job epoch {named_in}, but the job epoch is now {current} (the job was reset); the call was not applied."
+        ),
+    )
+}
+
 /// Answer to a late copy of a request its client had declared done
 /// (answered or given up): it is not applied.
 pub fn late_copy(client_id: u64, seq: u64) -> DomainError {

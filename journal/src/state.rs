@@ -129,6 +129,11 @@ impl State {
     }
 
     fn apply_command(&mut self, u: &Update) -> Outcome {
+        if let Some(named_in) = u.epoch {
+            if named_in != self.d.epoch {
+                return Outcome::err(errors::stale_epoch(named_in, self.d.epoch));
+            }
+        }
         let at = u.at_ms;
         let Some(cmd) = &u.command else {
             return Outcome::ok();

@@ -2,7 +2,7 @@
 mod common;
 use common::*;
 use journal::pb::{update::Command, ClusterConfig, JobSpec, ResetJobEpoch};
-use journal::{errors, Code, State, TaskStatus, REGISTER_BARRIER};
+use journal::{errors, Code, State, TaskStatus, Update, REGISTER_BARRIER};
 
 /// Everything a retry must not change (the replicated semantic state).
 fn semantic(s: &State) -> String {
@@ -258,4 +258,51 @@ fn an_oversized_or_duplicate_job_configuration_is_refused_without_change() {
     assert_eq!(s.task_count(), 2);
     assert_ne!(s.digest(), before); // `applied` counts every update
     assert_eq!(s.epoch(), 0);
+}
+
+#[test]
+fn a_command_naming_tasks_of_an_earlier_epoch_is_refused_without_change() {
+    // Task 1 of a 2-task job; the job is reset to a 4-task layout in which
+    // index 1 is another task. A report resolved before the reset must not
+    // land on it.
+    let mut s = cluster(2, Opts::default());
+    let before = s.epoch();
+    ok(&apply(
+        &mut s,
+        reset_epoch(0xE90C, Some(config(4, &Opts::default()))),
+        3000,
+    ));
+    let snapshot = s.clone();
+    let stale = s.apply(&Update {
+        origin: None,
+        at_ms: 3100,
+        epoch: Some(before),
+        command: Some(report(1, Code::Internal, "from the old job")),
+    });
+    let e = stale.error.expect("refused");
+    assert_eq!(e.code, Code::Aborted as i32);
+    assert!(
+        e.message.contains(&format!(
+            "named its tasks in job epoch {before}, but the job epoch is now {}",
+            before + 1
+        )),
+        "{}",
+        e.message
+    );
+    // Nothing changed but the applied counter and the clock.
+    assert_eq!(s.task(1), snapshot.task(1));
+    assert_eq!(s.propagated_error(), snapshot.propagated_error());
+    // The same command named in the current epoch applies (task 1 is not
+    // connected in the new job: the ordinary answer).
+    let current = s.apply(&Update {
+        origin: None,
+        at_ms: 3200,
+        epoch: Some(before + 1),
+        command: Some(report(1, Code::Internal, "x")),
+    });
+    assert_ne!(
+        current.error.map(|e| e.code),
+        Some(Code::Aborted as i32),
+        "not refused as stale"
+    );
 }

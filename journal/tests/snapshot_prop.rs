@@ -127,6 +127,7 @@ fn build(seq: &[Step], recoverable: bool) -> Vec<Update> {
                 done_below: 0,
             }),
             at_ms: at,
+            epoch: None,
             command: Some(cmd.clone()),
         });
     }

@@ -40,7 +40,7 @@ impl AgentApi {
 /// Resolves a named task; `call` picks the unknown-task message.
 fn task(c: &Coordination, t: &Option<TaskRef>, call: U) -> CallResult<u32> {
     let t = t.clone().unwrap_or_default();
-    c.read(|s| s.task_index(&t.job_name, t.task_id))
+    c.task_index(&t.job_name, t.task_id)
         .ok_or_else(|| unknown_task(call, &task_name(&t.job_name, t.task_id)).into())
 }
 

@@ -4,6 +4,7 @@
 //! for calls that wait, waits on this node's applied state — so a wait never
 //! depends on which node is leader, and survives a failover untouched.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,12 +58,30 @@ pub struct TaskView {
     pub entry: TaskEntry,
 }
 
-/// The shared coordination operations of one node.
-#[derive(Clone)]
+/// The shared coordination operations of one node. A copy made for one
+/// call ([`Coordination::for_request`]) also remembers the job epoch in which
+/// the call's task names were resolved ([`Coordination::task_index`]); its
+/// updates carry that epoch, so a call that raced a job reset is refused
+/// instead of landing on whatever task has the index now.
 pub struct Coordination {
     core: Arc<Core>,
     ready_wait: Duration,
     origin: Option<Origin>,
+    /// The epoch of the first task resolution (`NOT_NAMED`: none yet).
+    named_in: AtomicU64,
+}
+
+const NOT_NAMED: u64 = u64::MAX;
+
+impl Clone for Coordination {
+    fn clone(&self) -> Self {
+        Coordination {
+            core: self.core.clone(),
+            ready_wait: self.ready_wait,
+            origin: self.origin,
+            named_in: AtomicU64::new(self.named_in.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 pub use proto::ORIGIN_HEADER;
@@ -103,6 +122,7 @@ impl Coordination {
             core,
             ready_wait,
             origin: None,
+            named_in: AtomicU64::new(NOT_NAMED),
         }
     }
 
@@ -110,14 +130,33 @@ impl Coordination {
     /// (from [`ORIGIN_HEADER`]) instead of one stamped by this node.
     pub fn for_request<T>(&self, req: &tonic::Request<T>) -> Result<Coordination, Status> {
         Ok(Coordination {
+            core: self.core.clone(),
+            ready_wait: self.ready_wait,
             origin: request_origin(req)?,
-            ..self.clone()
+            named_in: AtomicU64::new(NOT_NAMED),
         })
     }
 
     /// The core.
     pub fn core(&self) -> &Arc<Core> {
         &self.core
+    }
+
+    /// The index of task `id` of job `job`, resolved in the current job
+    /// epoch, which this call's updates then carry.
+    pub fn task_index(&self, job: &str, id: i32) -> Option<u32> {
+        let (index, epoch) = self.read(|s| (s.task_index(job, id), s.epoch()));
+        let _ =
+            self.named_in
+                .compare_exchange(NOT_NAMED, epoch, Ordering::Relaxed, Ordering::Relaxed);
+        index
+    }
+
+    fn named_in(&self) -> Option<u64> {
+        match self.named_in.load(Ordering::Relaxed) {
+            NOT_NAMED => None,
+            e => Some(e),
+        }
     }
 
     /// Reads the local state.
@@ -170,6 +209,7 @@ impl Coordination {
                 Update {
                     origin: self.origin,
                     command: Some(command),
+                    epoch: self.named_in(),
                     ..Default::default()
                 },
                 true,

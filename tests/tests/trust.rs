@@ -26,6 +26,7 @@ fn update(command: Command, at_ms: u64) -> Update {
     Update {
         origin: None,
         at_ms,
+        epoch: None,
         command: Some(command),
     }
 }

@@ -95,6 +95,7 @@ pub fn upd(cmd: Command, at_ms: u64) -> Update {
     Update {
         origin: None,
         at_ms,
+        epoch: None,
         command: Some(cmd),
     }
 }
@@ -126,6 +127,7 @@ pub fn apply_done(
             done_below,
         }),
         at_ms: at,
+        epoch: None,
         command: Some(cmd),
     })
 }

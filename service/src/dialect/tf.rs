@@ -53,7 +53,7 @@ impl WireErrors for TfService {
 /// Resolves a wire task; `call` picks the unknown-task message.
 fn task(c: &Coordination, t: &Option<CoordinatedTask>, call: U) -> CallResult<u32> {
     let t = t.clone().unwrap_or_default();
-    c.read(|s| s.task_index(&t.job_name, t.task_id))
+    c.task_index(&t.job_name, t.task_id)
         .ok_or_else(|| unknown_task(call, &task_name(&t.job_name, t.task_id)).into())
 }
 
@@ -337,7 +337,7 @@ impl CoordinationService for TfService {
             let mut participants = Vec::with_capacity(r.tasks.len());
             let mut unknown = String::new();
             for p in &r.tasks {
-                match c.read(|s| s.task_index(&p.job_name, p.task_id)) {
+                match c.task_index(&p.job_name, p.task_id) {
                     Some(i) => participants.push(i),
                     None if unknown.is_empty() => unknown = task_name(&p.job_name, p.task_id),
                     None => {}

@@ -76,7 +76,7 @@ impl WireErrors for XlaService {
 
 /// Resolves a jaxlib task id; `call` picks the unknown-task message.
 fn task(c: &Coordination, id: i32, call: U) -> CallResult<u32> {
-    c.read(|s| s.task_index(JAX_JOB, id))
+    c.task_index(JAX_JOB, id)
         .ok_or_else(|| unknown_task(call, &id.to_string()).into())
 }
 
@@ -268,7 +268,7 @@ impl CoordinationService for XlaService {
             let mut participants = Vec::with_capacity(r.task_ids.len());
             let mut unknown = String::new();
             for id in &r.task_ids {
-                match c.read(|s| s.task_index(JAX_JOB, *id)) {
+                match c.task_index(JAX_JOB, *id) {
                     Some(i) => participants.push(i),
                     None if unknown.is_empty() => unknown = id.to_string(),
                     None => {}
