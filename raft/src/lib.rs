@@ -22,5 +22,5 @@ mod reads;
 pub use batcher::{Applied, ProposeError};
 pub use config::RaftSettings;
 pub use contact::QUORUM_AGE_HEADER;
-pub use network::{Channels, PeerNetwork, PeerService, Raft};
+pub use network::{Channels, PeerNetwork, PeerService, PeerToken, Raft, PEER_TOKEN_HEADER};
 pub use node::{NodeConfig, RaftNode, Role, StartError};

@@ -83,21 +83,78 @@ impl Channels {
     }
 }
 
+/// gRPC metadata key of the cluster's peer token on peer RPCs.
+pub const PEER_TOKEN_HEADER: &str = "x-coordstore-peer-token";
+
+/// The cluster's shared peer token, if the cluster has one.
+#[derive(Clone, Default)]
+pub struct PeerToken(Option<Arc<str>>);
+
+impl PeerToken {
+    /// `token`, or none (peers not authenticated).
+    pub fn new(token: Option<String>) -> Self {
+        PeerToken(token.map(Arc::from))
+    }
+
+    /// Puts the token on an outgoing request.
+    pub fn attach<T>(&self, req: &mut Request<T>) {
+        if let Some(t) = &self.0 {
+            if let Ok(v) = t.parse() {
+                req.metadata_mut().insert(PEER_TOKEN_HEADER, v);
+            }
+        }
+    }
+
+    /// Refuses a peer RPC without this cluster's token (when it has one).
+    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(want) = &self.0 else {
+            return Ok(());
+        };
+        let got = req
+            .metadata()
+            .get(PEER_TOKEN_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        // Compare every byte, whatever matches first.
+        let same = got.len() == want.len()
+            && got
+                .iter()
+                .zip(want.as_bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if same {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated(
+                "peer RPCs need this cluster's peer token (--peer-token-file)",
+            ))
+        }
+    }
+}
+
 /// Creates peer connections for openraft.
 #[derive(Clone)]
 pub struct PeerNetwork {
     channels: Channels,
     max_message_bytes: usize,
     contact: Arc<Contact>,
+    token: PeerToken,
 }
 
 impl PeerNetwork {
-    /// A factory over `channels` that records acknowledgements in `contact`.
-    pub(crate) fn new(channels: Channels, max_message_bytes: usize, contact: Arc<Contact>) -> Self {
+    /// A factory over `channels` that records acknowledgements in `contact`
+    /// and sends `token` with every RPC.
+    pub(crate) fn new(
+        channels: Channels,
+        max_message_bytes: usize,
+        contact: Arc<Contact>,
+        token: PeerToken,
+    ) -> Self {
         PeerNetwork {
             channels,
             max_message_bytes,
             contact,
+            token,
         }
     }
 }
@@ -115,6 +172,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             client,
             contact: self.contact.clone(),
+            token: self.token.clone(),
         }
     }
 }
@@ -124,6 +182,7 @@ pub struct PeerConnection {
     target: NodeId,
     client: Result<RaftPeerClient<Channel>, String>,
     contact: Arc<Contact>,
+    token: PeerToken,
 }
 
 #[derive(Clone, Copy)]
@@ -165,6 +224,7 @@ impl PeerConnection {
             data: Bytes::from(data),
         });
         request.set_timeout(ttl);
+        self.token.attach(&mut request);
         if let (Method::Append, Some(age)) = (method, self.contact.quorum_age()) {
             let ms = age.as_millis().to_string();
             request
@@ -233,6 +293,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
 pub struct PeerService {
     raft: Raft,
     contact: Arc<Contact>,
+    token: PeerToken,
     /// When an AppendEntries (entries or heartbeat) last arrived.
     last_append: Mutex<Option<Instant>>,
     /// How long without one before this node counts the leader as silent.
@@ -248,10 +309,12 @@ impl PeerService {
         max_message_bytes: usize,
         heartbeat: Duration,
         contact: Arc<Contact>,
+        token: PeerToken,
     ) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
             raft,
             contact,
+            token,
             last_append: Mutex::new(None),
             silent_after: 3 * heartbeat,
         })
@@ -317,6 +380,7 @@ impl RaftPeer for PeerService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.token.check(&req)?;
         let vouched = req
             .metadata()
             .get(QUORUM_AGE_HEADER)
@@ -335,6 +399,7 @@ impl RaftPeer for PeerService {
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.token.check(&req)?;
         let rpc: VoteRequest<NodeId> = decode(req)?;
         let asked = rpc.clone();
         let reply = self.raft.vote(rpc).await;
@@ -355,6 +420,7 @@ impl RaftPeer for PeerService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.token.check(&req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
         encode(&self.raft.install_snapshot(rpc).await)
     }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::batcher::{self, Applied, Pending, ProposeError};
 use crate::config::RaftSettings;
 use crate::contact::Contact;
-use crate::network::{Channels, PeerNetwork, PeerService, Raft};
+use crate::network::{Channels, PeerNetwork, PeerService, PeerToken, Raft};
 use crate::reads::{self, ReadReply};
 
 /// What a node needs to start.
@@ -36,6 +36,10 @@ pub struct NodeConfig {
     /// Addresses this node uses for some peers instead of their membership
     /// address.
     pub peer_overrides: std::collections::HashMap<NodeId, String>,
+    /// The cluster's shared peer token: sent with every peer RPC and
+    /// required of every one received. None: peers are not authenticated
+    /// (the peer port must then be reachable by trusted hosts only).
+    pub peer_token: Option<String>,
 }
 
 /// Why a node could not start.
@@ -148,6 +152,7 @@ pub struct RaftNode {
     heartbeat: std::time::Duration,
     election_timeout: std::time::Duration,
     contact: Arc<Contact>,
+    peer_token: PeerToken,
 }
 
 impl RaftNode {
@@ -179,10 +184,12 @@ impl RaftNode {
         });
         let channels = Channels::with_overrides(cfg.peer_overrides.clone());
         let contact = Arc::new(Contact::new(cfg.node_id));
+        let peer_token = PeerToken::new(cfg.peer_token.clone());
         let network = PeerNetwork::new(
             channels.clone(),
             cfg.settings.max_message_bytes,
             contact.clone(),
+            peer_token.clone(),
         );
         let raft = Raft::new(cfg.node_id, config, network, log, sm)
             .await
@@ -216,7 +223,14 @@ impl RaftNode {
                 cfg.settings.election_timeout_min_ms + cfg.settings.election_timeout_max_ms,
             ),
             contact,
+            peer_token,
         }))
+    }
+
+    /// The cluster's peer token (required of peer RPCs and membership
+    /// changes when the cluster has one).
+    pub fn peer_token(&self) -> &PeerToken {
+        &self.peer_token
     }
 
     /// This node's id.
@@ -236,6 +250,7 @@ impl RaftNode {
             self.max_message_bytes,
             self.heartbeat,
             self.contact.clone(),
+            self.peer_token.clone(),
         )
     }
 

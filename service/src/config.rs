@@ -115,6 +115,11 @@ pub struct ServeOptions {
     /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
     #[arg(long)]
     pub leader_wait_ms: Option<u64>,
+    /// A file holding the cluster's shared peer token (any text; the same on
+    /// every node): peer RPCs carry it and are refused without it. Without
+    /// it peers are not authenticated [default: none]
+    #[arg(long)]
+    pub peer_token_file: Option<PathBuf>,
     /// Most client calls parked on this node at once (blocking gets,
     /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 100000]
     #[arg(long)]
@@ -159,6 +164,8 @@ pub struct ServeConfig {
     pub tf_addresses: BTreeMap<String, Vec<String>>,
     /// Most client calls parked at once (0: no bound).
     pub max_parked_calls: u64,
+    /// The cluster's peer token, from --peer-token-file.
+    pub peer_token: Option<String>,
 }
 
 /// Reads a ClusterSpec (`{"job": ["host:port", ...]}`) or a TF_CONFIG
@@ -249,7 +256,8 @@ impl ServeOptions {
             raft_heartbeat_ms,
             election_timeout_ms,
             leader_wait_ms,
-            max_parked_calls
+            max_parked_calls,
+            peer_token_file
         )
     }
 
@@ -362,6 +370,21 @@ impl ServeOptions {
                 peer_overrides.insert(id, addr);
             }
         }
+        let peer_token = match &self.peer_token_file {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--peer-token-file {}: {e}", path.display()))?;
+                let token = text.trim().to_string();
+                if token.is_empty() || token.parse::<tonic::metadata::MetadataValue<_>>().is_err() {
+                    return Err(format!(
+                        "--peer-token-file {}: the token must be non-empty printable ASCII",
+                        path.display()
+                    ));
+                }
+                Some(token)
+            }
+        };
         let max_message_bytes = self.max_message_bytes.unwrap_or(512 << 20);
         raft.max_message_bytes = raft.max_message_bytes.max(max_message_bytes);
         Ok(ServeConfig {
@@ -384,6 +407,7 @@ impl ServeOptions {
             max_parked_calls: self
                 .max_parked_calls
                 .unwrap_or(crate::wake::DEFAULT_MAX_PARKED_CALLS),
+            peer_token,
         })
     }
 }

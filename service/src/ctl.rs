@@ -34,13 +34,36 @@ pub enum CtlCommand {
     },
 }
 
-/// Membership verbs.
+/// Membership verbs. A cluster started with --peer-token-file takes them
+/// only with the same token.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum MemberCommand {
     /// Add a node started with --join: learner until caught up, then voter.
-    Add { id: u64, address: String },
+    Add {
+        id: u64,
+        address: String,
+        /// The cluster's peer token file, if it has one.
+        #[arg(long)]
+        peer_token_file: Option<std::path::PathBuf>,
+    },
     /// Remove a node from the cluster.
-    Remove { id: u64 },
+    Remove {
+        id: u64,
+        /// The cluster's peer token file, if it has one.
+        #[arg(long)]
+        peer_token_file: Option<std::path::PathBuf>,
+    },
+}
+
+/// A request carrying the peer token of `file`, if given.
+fn with_token<T>(msg: T, file: &Option<std::path::PathBuf>) -> anyhow::Result<tonic::Request<T>> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(path) = file {
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--peer-token-file {}: {e}", path.display()))?;
+        raft::PeerToken::new(Some(token.trim().to_string())).attach(&mut req);
+    }
+    Ok(req)
 }
 
 /// KV verbs.
@@ -200,12 +223,25 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
         }
         CtlCommand::Member(m) => {
             let r = match m {
-                MemberCommand::Add { id, address } => c
-                    .add_member(proto::coordstore::AddMemberRequest { id, address })
+                MemberCommand::Add {
+                    id,
+                    address,
+                    peer_token_file,
+                } => c
+                    .add_member(with_token(
+                        proto::coordstore::AddMemberRequest { id, address },
+                        &peer_token_file,
+                    )?)
                     .await?
                     .into_inner(),
-                MemberCommand::Remove { id } => c
-                    .remove_member(proto::coordstore::RemoveMemberRequest { id })
+                MemberCommand::Remove {
+                    id,
+                    peer_token_file,
+                } => c
+                    .remove_member(with_token(
+                        proto::coordstore::RemoveMemberRequest { id },
+                        &peer_token_file,
+                    )?)
                     .await?
                     .into_inner(),
             };

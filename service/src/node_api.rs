@@ -251,6 +251,7 @@ impl Node for NodeApi {
         &self,
         req: Request<AddMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        self.core.node().peer_token().check(&req)?;
         let may_forward = !was_forwarded(&req);
         let r = req.into_inner();
         let core = &self.core;
@@ -276,7 +277,9 @@ impl Node for NodeApi {
             |mut c| {
                 let r = r.clone();
                 async move {
-                    c.add_member(forwarded(r)).await?;
+                    let mut req = forwarded(r);
+                    core.node().peer_token().attach(&mut req);
+                    c.add_member(req).await?;
                     Ok(())
                 }
             },
@@ -291,6 +294,7 @@ impl Node for NodeApi {
         &self,
         req: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
+        self.core.node().peer_token().check(&req)?;
         let may_forward = !was_forwarded(&req);
         let id = req.into_inner().id;
         let core = &self.core;
@@ -298,8 +302,9 @@ impl Node for NodeApi {
             may_forward,
             || async move { core.node().remove(id).await.map_err(Retry) },
             |mut c| async move {
-                c.remove_member(forwarded(RemoveMemberRequest { id }))
-                    .await?;
+                let mut req = forwarded(RemoveMemberRequest { id });
+                core.node().peer_token().attach(&mut req);
+                c.remove_member(req).await?;
                 Ok(())
             },
         )

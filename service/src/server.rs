@@ -65,6 +65,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         cache_bytes: cfg.cache_bytes,
         settings: cfg.raft.clone(),
         peer_overrides: cfg.peer_overrides.clone(),
+        peer_token: cfg.peer_token.clone(),
     })
     .await?;
     let core = Arc::new(

@@ -87,3 +87,78 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
         assert!(s.kv_get(&format!("hostile/{node}")).is_some());
     }
 }
+
+/// With a peer token (--peer-token-file), the nodes elect and replicate as
+/// usual, and a peer RPC without the token, or with another, is refused
+/// before its payload is even looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_rpcs_need_the_clusters_token() {
+    use proto::coordstore::raft_peer_client::RaftPeerClient;
+    use proto::coordstore::RaftPayload;
+
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("peer-token");
+    std::fs::write(&token_file, "s3cret-peer-token\n").unwrap();
+    let token_flag = token_file.display().to_string();
+    let cluster = Cluster::start(3, &["--tasks", "1", "--peer-token-file", &token_flag]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let addr = &cluster.nodes[leader].addr;
+    // Replication works: a write is applied on every node.
+    let mut c = connect(addr, WAIT).await;
+    c.propose(tonic::Request::new(ProposeRequest {
+        update: update(
+            Command::KvInsert(KvInsert {
+                key: "with-token".into(),
+                value: "v".into(),
+                allow_overwrite: true,
+            }),
+            0,
+        )
+        .encode_to_vec()
+        .into(),
+    }))
+    .await
+    .expect("a write");
+    cluster.wait_converged(&[0, 1, 2], WAIT).await;
+
+    let mut peer = RaftPeerClient::new(coordstore_tests::wire::channel(addr).await);
+    let garbage = || RaftPayload {
+        data: vec![0xFF; 16].into(),
+    };
+    let with_token = |t: Option<&str>| {
+        let mut r = tonic::Request::new(garbage());
+        if let Some(t) = t {
+            r.metadata_mut()
+                .insert("x-coordstore-peer-token", t.parse().unwrap());
+        }
+        r
+    };
+    for t in [None, Some("not-the-token")] {
+        let e = peer.vote(with_token(t)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        let e = peer.append_entries(with_token(t)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        let e = peer.install_snapshot(with_token(t)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    }
+    // Membership changes need it too (a client could otherwise remove nodes).
+    let e = c
+        .remove_member(proto::coordstore::RemoveMemberRequest { id: 3 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    assert_eq!(
+        coordstore_tests::try_status(addr)
+            .await
+            .unwrap()
+            .members
+            .len(),
+        3
+    );
+    // With the token, the payload is what is refused.
+    let e = peer
+        .vote(with_token(Some("s3cret-peer-token")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+}
