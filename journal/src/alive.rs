@@ -44,7 +44,7 @@ impl State {
         }
         let call = self.next_call_id();
         let key = round_key(&set);
-        let round = self.d.alive_rounds.entry(key).or_insert(AliveRound {
+        let round = self.data.alive_rounds.entry(key).or_insert(AliveRound {
             generation: 1,
             tasks: set,
             ..Default::default()
@@ -61,12 +61,12 @@ impl State {
     /// set have called.
     pub(crate) fn reevaluate_alive_rounds(&mut self) {
         let statuses: Vec<(TaskStatus, u64)> = self
-            .d
+            .data
             .tasks
             .iter()
             .map(|t| (t.status(), t.incarnation))
             .collect();
-        for round in self.d.alive_rounds.values_mut() {
+        for round in self.data.alive_rounds.values_mut() {
             if round.callers.is_empty() {
                 continue;
             }
@@ -100,7 +100,7 @@ impl State {
         tasks: &[u32],
         generation: u64,
     ) -> Option<Result<AliveTasks, DomainError>> {
-        let Some(round) = self.d.alive_rounds.get(&round_key(&sorted_set(tasks))) else {
+        let Some(round) = self.data.alive_rounds.get(&round_key(&sorted_set(tasks))) else {
             return Some(Err(errors::epoch_reset()));
         };
         if let Some(r) = round.results.iter().find(|r| r.generation == generation) {
@@ -120,6 +120,6 @@ impl State {
     /// names the current version (then it waits for the next change). A
     /// version from the future answers at once instead of failing.
     pub fn watch_tasks_ready(&self, version: i64) -> bool {
-        version != self.d.tasks_version
+        version != self.data.tasks_version
     }
 }

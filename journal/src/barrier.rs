@@ -95,17 +95,17 @@ impl State {
         // The registration, shutdown and device barriers are exempt from the
         // recoverable counter-0 rule (XLA and TSL exclude them by id).
         let special = id == REGISTER_BARRIER
-            || id == shutdown_barrier_id(self.d.service_incarnation)
-            || id == wait_all_barrier_id(self.d.service_incarnation);
+            || id == shutdown_barrier_id(self.data.service_incarnation)
+            || id == wait_all_barrier_id(self.data.service_incarnation);
 
         // 1. Which instance: a new one, the current one, or a mismatch.
-        let (create, counter) = match self.d.barriers.get(id) {
+        let (create, counter) = match self.data.barriers.get(id) {
             None if counter == 0 => (true, 0),
             None => {
                 // Upstream: the uninitialised instance (counter 0, nobody
                 // listed) fails, and stays failed with an empty task set.
                 let e = errors::barrier_counter_mismatch(id, counter, 0);
-                self.d.barriers.insert(
+                self.data.barriers.insert(
                     id.to_string(),
                     BarrierEntry {
                         status: BarrierStatus::Failed as i32,
@@ -133,7 +133,7 @@ impl State {
                     let current = b.counter;
                     // The caller's own earlier call is superseded first
                     // (CANCELLED), then the instance fails for everyone.
-                    let b = self.d.barriers.get_mut(id).expect("present");
+                    let b = self.data.barriers.get_mut(id).expect("present");
                     if b.status() == BarrierStatus::Pending {
                         if let Some(old) = b.arrivals.remove(&task) {
                             b.cancelled_calls
@@ -150,7 +150,7 @@ impl State {
             // Every later instance of an id keeps the first instance's task
             // set; only an id that never had one takes the caller's.
             let inherited = self
-                .d
+                .data
                 .barriers
                 .get(id)
                 .filter(|p| !p.participants.is_empty())
@@ -163,11 +163,11 @@ impl State {
                     (sorted_set(participants), false)
                 }
             });
-            let previous = self.d.barriers.remove(id).map(|mut p| {
+            let previous = self.data.barriers.remove(id).map(|mut p| {
                 p.previous = None;
                 Box::new(p)
             });
-            self.d.barriers.insert(
+            self.data.barriers.insert(
                 id.to_string(),
                 BarrierEntry {
                     counter,
@@ -187,7 +187,7 @@ impl State {
             {
                 for &p in &set {
                     if !self.task_recoverable(p) && self.task_status(p) == Some(TaskStatus::Error) {
-                        let existing = self.t(p).error.clone().unwrap_or_default();
+                        let existing = self.entry(p).error.clone().unwrap_or_default();
                         let e = errors::barrier_participant_already_in_error(
                             id,
                             counter,
@@ -204,7 +204,7 @@ impl State {
         // 2. The caller's arguments must agree with the instance, finished or
         // not: a disagreeing call fails it for every waiter and replaces a
         // stored result.
-        let b = &self.d.barriers[id];
+        let b = &self.data.barriers[id];
         let mine = if participants.is_empty() {
             (0..n).collect::<Vec<_>>()
         } else {
@@ -237,7 +237,7 @@ impl State {
 
         // 4. Record the arrival; a second call of the same task supersedes the first.
         let call = self.next_call_id();
-        let b = self.d.barriers.get_mut(id).expect("instance exists");
+        let b = self.data.barriers.get_mut(id).expect("instance exists");
         if let Some(old) = b.arrivals.insert(task, call) {
             b.cancelled_calls
                 .insert(old, errors::barrier_duplicate_call(id, counter));
@@ -264,7 +264,7 @@ impl State {
         overwrite: bool,
         at: u64,
     ) {
-        let Some(b) = self.d.barriers.get_mut(id) else {
+        let Some(b) = self.data.barriers.get_mut(id) else {
             return;
         };
         if b.counter != counter {
@@ -290,13 +290,13 @@ impl State {
     }
 
     fn on_special_barrier_done(&mut self, id: &str, at: u64) {
-        let b = &self.d.barriers[id];
+        let b = &self.data.barriers[id];
         let passed = b.status() == BarrierStatus::Passed;
         let error = b.error.clone().unwrap_or_default();
         if id == REGISTER_BARRIER {
             if passed {
                 for task in 0..self.task_count() {
-                    if let Some(inc) = self.t(task).pending_incarnation {
+                    if let Some(inc) = self.entry(task).pending_incarnation {
                         self.connect_task(task, inc);
                     }
                 }
@@ -304,10 +304,10 @@ impl State {
                 let e = errors::registration_failed(&error);
                 self.set_all_tasks_error(&e, at);
             }
-        } else if id == shutdown_barrier_id(self.d.service_incarnation) {
+        } else if id == shutdown_barrier_id(self.data.service_incarnation) {
             if passed {
                 for task in 0..self.task_count() {
-                    if self.t(task).status() != TaskStatus::Disconnected {
+                    if self.entry(task).status() != TaskStatus::Disconnected {
                         self.disconnect_task(task, at);
                     }
                 }
@@ -325,7 +325,7 @@ impl State {
     pub(crate) fn leave_ongoing_barriers(&mut self, task: u32, reason: &str, at: u64) {
         let label = self.label(task);
         let ongoing: Vec<(String, i64)> = self
-            .d
+            .data
             .barriers
             .iter()
             .filter(|(_, b)| {
@@ -336,7 +336,7 @@ impl State {
         let recoverable = self.task_recoverable(task);
         for (id, counter) in ongoing {
             if recoverable {
-                let b = self.d.barriers.get_mut(&id).expect("listed above");
+                let b = self.data.barriers.get_mut(&id).expect("listed above");
                 if let Some(call) = b.arrivals.remove(&task) {
                     let e = errors::barrier_stale_invocation(&id, counter, reason, &label);
                     b.cancelled_calls.insert(call, e);
@@ -359,10 +359,10 @@ impl State {
             return Outcome::err(e);
         }
         let label = self.label(task);
-        match self.d.barriers.get(id) {
+        match self.data.barriers.get(id) {
             None if counter == 0 => {
                 let e = errors::barrier_cancelled(id, 0, &label);
-                self.d.barriers.insert(
+                self.data.barriers.insert(
                     id.to_string(),
                     BarrierEntry {
                         status: BarrierStatus::Failed as i32,
@@ -391,7 +391,7 @@ impl State {
     }
 
     pub(crate) fn barrier_expire(&mut self, id: &str, counter: i64, at: u64) -> Outcome {
-        let Some(b) = self.d.barriers.get(id) else {
+        let Some(b) = self.data.barriers.get(id) else {
             return Outcome::ok();
         };
         let due = b.counter == counter
@@ -427,7 +427,7 @@ impl State {
         counter: i64,
         call_id: u64,
     ) -> Option<Result<i64, DomainError>> {
-        let Some(cur) = self.d.barriers.get(id) else {
+        let Some(cur) = self.data.barriers.get(id) else {
             return Some(Err(errors::epoch_reset()));
         };
         let inst = if cur.counter == counter {
@@ -450,7 +450,7 @@ impl State {
 
     /// Deadlines of every pending barrier instance, for the leader's timers.
     pub fn pending_barrier_deadlines(&self) -> Vec<BarrierDeadline> {
-        self.d
+        self.data
             .barriers
             .iter()
             .filter(|(_, b)| b.status() == BarrierStatus::Pending && b.deadline_ms > 0)
@@ -464,11 +464,11 @@ impl State {
 
     /// The stored entry of a barrier id (its newest instance).
     pub fn barrier(&self, id: &str) -> Option<&BarrierEntry> {
-        self.d.barriers.get(id)
+        self.data.barriers.get(id)
     }
 
     /// Every barrier id with its newest instance.
     pub fn barriers(&self) -> impl Iterator<Item = (&String, &BarrierEntry)> {
-        self.d.barriers.iter()
+        self.data.barriers.iter()
     }
 }

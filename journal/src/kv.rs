@@ -32,8 +32,8 @@ impl State {
     pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
         let key = normalize_key(&c.key);
         let limit = self.cfg().max_keys;
-        let rev = self.d.kv_revision + 1;
-        match self.d.kv.get_mut(&key) {
+        let rev = self.data.kv_revision + 1;
+        match self.data.kv.get_mut(&key) {
             Some(_) if !c.allow_overwrite => return Outcome::err(errors::key_exists(&key)),
             Some(e) => {
                 e.value = c.value.clone();
@@ -41,11 +41,11 @@ impl State {
                 self.record_event(rev, &key, &c.value, false);
             }
             None => {
-                if limit > 0 && self.d.kv.len() as u64 >= limit {
+                if limit > 0 && self.data.kv.len() as u64 >= limit {
                     return Outcome::err(errors::too_many_keys(limit));
                 }
                 self.record_event(rev, &key, &c.value, false);
-                self.d.kv.insert(
+                self.data.kv.insert(
                     key,
                     KvRecord {
                         value: c.value.clone(),
@@ -55,7 +55,7 @@ impl State {
                 );
             }
         }
-        self.d.kv_revision = rev;
+        self.data.kv_revision = rev;
         Outcome::ok()
     }
 
@@ -63,28 +63,28 @@ impl State {
     pub(crate) fn kv_delete(&mut self, key: &str) -> Outcome {
         let key = normalize_key(key);
         let mut removed: Vec<String> = Vec::new();
-        if self.d.kv.remove(&key).is_some() {
+        if self.data.kv.remove(&key).is_some() {
             removed.push(key.clone());
         }
         if let Some(prefix) = dir_prefix(&key) {
             let under: Vec<String> = self
-                .d
+                .data
                 .kv
                 .range(prefix.clone()..)
                 .take_while(|(k, _)| k.starts_with(&prefix))
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in under {
-                self.d.kv.remove(&k);
+                self.data.kv.remove(&k);
                 removed.push(k);
             }
         }
         if !removed.is_empty() {
-            let rev = self.d.kv_revision + 1;
+            let rev = self.data.kv_revision + 1;
             for k in &removed {
                 self.record_event(rev, k, &Bytes::new(), true);
             }
-            self.d.kv_revision = rev;
+            self.data.kv_revision = rev;
         }
         Outcome::ok()
     }
@@ -98,8 +98,8 @@ impl State {
             value: value.clone(),
             deleted,
         };
-        self.d.kv_history_bytes += event_bytes(&e);
-        self.d.kv_events.push(e);
+        self.data.kv_history_bytes += event_bytes(&e);
+        self.data.kv_events.push(e);
         let limit = match self.cfg().watch_history_bytes {
             0 => DEFAULT_WATCH_HISTORY_BYTES,
             n => n,
@@ -107,57 +107,57 @@ impl State {
         let over = |d: &crate::pb::StateData| {
             d.kv_history_bytes > limit || d.kv_events.len() > MAX_WATCH_EVENTS
         };
-        if !over(&self.d) {
+        if !over(&self.data) {
             return;
         }
         // Drop a quarter (whole revisions) at once: front removal is O(n).
-        let target = self.d.kv_events.len() - self.d.kv_events.len() / 4;
+        let target = self.data.kv_events.len() - self.data.kv_events.len() / 4;
         let mut cut = 0;
-        while cut < self.d.kv_events.len()
-            && (over(&self.d) || self.d.kv_events.len() - cut > target)
+        while cut < self.data.kv_events.len()
+            && (over(&self.data) || self.data.kv_events.len() - cut > target)
         {
-            let rev = self.d.kv_events[cut].revision;
-            while cut < self.d.kv_events.len() && self.d.kv_events[cut].revision == rev {
-                self.d.kv_history_bytes -= event_bytes(&self.d.kv_events[cut]);
+            let rev = self.data.kv_events[cut].revision;
+            while cut < self.data.kv_events.len() && self.data.kv_events[cut].revision == rev {
+                self.data.kv_history_bytes -= event_bytes(&self.data.kv_events[cut]);
                 cut += 1;
             }
-            if self.d.kv_history_bytes <= limit && self.d.kv_events.len() - cut <= target {
+            if self.data.kv_history_bytes <= limit && self.data.kv_events.len() - cut <= target {
                 break;
             }
         }
-        self.d.kv_events.drain(..cut);
-        self.d.kv_history_start = self
-            .d
+        self.data.kv_events.drain(..cut);
+        self.data.kv_history_start = self
+            .data
             .kv_events
             .first()
-            .map_or(self.d.kv_revision + 1, |e| e.revision);
+            .map_or(self.data.kv_revision + 1, |e| e.revision);
     }
 
     /// Forgets the whole history (job epoch reset): watches resuming from
     /// before now must re-read the store.
     pub(crate) fn clear_history(&mut self) {
-        self.d.kv_events.clear();
-        self.d.kv_history_bytes = 0;
-        self.d.kv_history_start = self.d.kv_revision + 1;
+        self.data.kv_events.clear();
+        self.data.kv_history_bytes = 0;
+        self.data.kv_history_start = self.data.kv_revision + 1;
     }
 
     /// Every change after revision `after`, oldest first, or [`Compacted`] if
     /// the history no longer holds all of them.
     pub fn kv_events_after(&self, after: u64) -> Result<&[KvEvent], Compacted> {
-        if after + 1 < self.d.kv_history_start {
+        if after + 1 < self.data.kv_history_start {
             return Err(Compacted {
-                history_start: self.d.kv_history_start,
-                revision: self.d.kv_revision,
+                history_start: self.data.kv_history_start,
+                revision: self.data.kv_revision,
             });
         }
-        let i = self.d.kv_events.partition_point(|e| e.revision <= after);
-        Ok(&self.d.kv_events[i..])
+        let i = self.data.kv_events.partition_point(|e| e.revision <= after);
+        Ok(&self.data.kv_events[i..])
     }
 
     /// Adds `increment` to the decimal integer at `key` (missing = 0).
     pub(crate) fn kv_increment(&mut self, key: &str, increment: i64) -> Outcome {
         let key = normalize_key(key);
-        let current = match self.d.kv.get(&key) {
+        let current = match self.data.kv.get(&key) {
             None => 0,
             Some(e) => match std::str::from_utf8(&e.value)
                 .ok()
@@ -171,13 +171,13 @@ impl State {
             return Outcome::err(errors::increment_overflow(&key));
         };
         let limit = self.cfg().max_keys;
-        if !self.d.kv.contains_key(&key) && limit > 0 && self.d.kv.len() as u64 >= limit {
+        if !self.data.kv.contains_key(&key) && limit > 0 && self.data.kv.len() as u64 >= limit {
             return Outcome::err(errors::too_many_keys(limit));
         }
-        let rev = self.d.kv_revision + 1;
+        let rev = self.data.kv_revision + 1;
         let value = Bytes::from(next.to_string());
         self.record_event(rev, &key, &value, false);
-        self.d
+        self.data
             .kv
             .entry(key)
             .and_modify(|e| {
@@ -189,18 +189,18 @@ impl State {
                 create_revision: rev,
                 mod_revision: rev,
             });
-        self.d.kv_revision = rev;
+        self.data.kv_revision = rev;
         Outcome::value(next)
     }
 
     /// The value at `key` (normalised), if present.
     pub fn kv_get(&self, key: &str) -> Option<&Bytes> {
-        self.d.kv.get(&normalize_key(key)).map(|e| &e.value)
+        self.data.kv.get(&normalize_key(key)).map(|e| &e.value)
     }
 
     /// The entry (value and revisions) at `key` (normalised), if present.
     pub fn kv_entry(&self, key: &str) -> Option<&KvRecord> {
-        self.d.kv.get(&normalize_key(key))
+        self.data.kv.get(&normalize_key(key))
     }
 
     /// Every entry strictly under directory `dir`, sorted by key. The empty
@@ -209,7 +209,7 @@ impl State {
         let Some(prefix) = dir_prefix(dir) else {
             return Vec::new();
         };
-        self.d
+        self.data
             .kv
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
@@ -219,16 +219,16 @@ impl State {
 
     /// Every entry of the store, sorted by key.
     pub fn kv_all(&self) -> impl Iterator<Item = (&str, &KvRecord)> {
-        self.d.kv.iter().map(|(k, e)| (k.as_str(), e))
+        self.data.kv.iter().map(|(k, e)| (k.as_str(), e))
     }
 
     /// Number of keys stored.
     pub fn kv_len(&self) -> usize {
-        self.d.kv.len()
+        self.data.kv.len()
     }
 
     /// The store revision, bumped by every change.
     pub fn kv_revision(&self) -> u64 {
-        self.d.kv_revision
+        self.data.kv_revision
     }
 }

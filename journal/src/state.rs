@@ -29,7 +29,7 @@ pub const MAX_TASKS: u64 = 1 << 20;
 /// the update: no I/O, no clock, no randomness.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct State {
-    pub(crate) d: StateData,
+    pub(crate) data: StateData,
 }
 
 /// A snapshot that could not be decoded.
@@ -105,15 +105,15 @@ impl State {
     /// origin) returns the recorded outcome and changes nothing else; a late
     /// copy of an update its client has declared done is refused.
     pub fn apply(&mut self, u: &Update) -> Outcome {
-        self.d.applied += 1;
-        self.d.clock_ms = self.d.clock_ms.max(u.at_ms);
-        if self.d.applied.is_multiple_of(SESSION_SWEEP_EVERY) {
+        self.data.applied += 1;
+        self.data.clock_ms = self.data.clock_ms.max(u.at_ms);
+        if self.data.applied.is_multiple_of(SESSION_SWEEP_EVERY) {
             self.expire_sessions();
         }
         match &u.origin {
             None => {
                 let mut out = self.apply_command(u);
-                out.epoch = self.d.epoch;
+                out.epoch = self.data.epoch;
                 out
             }
             Some(origin) => {
@@ -121,7 +121,7 @@ impl State {
                     return prev;
                 }
                 let mut out = self.apply_command(u);
-                out.epoch = self.d.epoch;
+                out.epoch = self.data.epoch;
                 self.record_outcome(origin, &out);
                 out
             }
@@ -130,8 +130,8 @@ impl State {
 
     fn apply_command(&mut self, u: &Update) -> Outcome {
         if let Some(named_in) = u.epoch {
-            if named_in != self.d.epoch {
-                return Outcome::err(errors::stale_epoch(named_in, self.d.epoch));
+            if named_in != self.data.epoch {
+                return Outcome::err(errors::stale_epoch(named_in, self.data.epoch));
             }
         }
         let at = u.at_ms;
@@ -169,51 +169,51 @@ impl State {
         if let Err(e) = check_config(&config) {
             return Outcome::err(e);
         }
-        if self.d.initialized {
-            if self.d.config.as_ref() == Some(&config) {
-                return Outcome::incarnation(self.d.service_incarnation);
+        if self.data.initialized {
+            if self.data.config.as_ref() == Some(&config) {
+                return Outcome::incarnation(self.data.service_incarnation);
             }
             return Outcome::err(errors::config_mismatch());
         }
-        self.d.initialized = true;
-        self.d.service_incarnation = c.service_incarnation;
+        self.data.initialized = true;
+        self.data.service_incarnation = c.service_incarnation;
         self.install_config(config);
-        Outcome::incarnation(self.d.service_incarnation)
+        Outcome::incarnation(self.data.service_incarnation)
     }
 
     fn reset_job_epoch(&mut self, c: &crate::pb::ResetJobEpoch) -> Outcome {
         let config = c
             .config
             .clone()
-            .or_else(|| self.d.config.clone())
+            .or_else(|| self.data.config.clone())
             .unwrap_or_default();
         if let Err(e) = check_config(&config) {
             return Outcome::err(e);
         }
-        self.d.initialized = true;
-        self.d.epoch += 1;
-        self.d.service_incarnation = c.service_incarnation;
-        self.d.kv.clear();
+        self.data.initialized = true;
+        self.data.epoch += 1;
+        self.data.service_incarnation = c.service_incarnation;
+        self.data.kv.clear();
         self.clear_history();
-        self.d.barriers.clear();
-        self.d.propagated_error = None;
-        self.d.any_polled = false;
-        self.d.alive_rounds.clear();
+        self.data.barriers.clear();
+        self.data.propagated_error = None;
+        self.data.any_polled = false;
+        self.data.alive_rounds.clear();
         self.install_config(config);
         self.bump_tasks_version();
-        Outcome::incarnation(self.d.service_incarnation)
+        Outcome::incarnation(self.data.service_incarnation)
     }
 
     fn install_config(&mut self, config: ClusterConfig) {
         let n: usize = config.jobs.iter().map(|j| j.count as usize).sum();
-        self.d.tasks = vec![TaskEntry::default(); n];
-        self.d.config = Some(config);
+        self.data.tasks = vec![TaskEntry::default(); n];
+        self.data.config = Some(config);
     }
 
     // ----------------------------------------------------------- sessions ----
 
     fn limits(&self) -> (usize, usize) {
-        let c = self.d.config.as_ref();
+        let c = self.data.config.as_ref();
         let sessions = c.map_or(0, |c| c.max_client_sessions);
         let outcomes = c.map_or(0, |c| c.max_outcomes_per_client);
         let or_default = |v: u32, d: u32| if v == 0 { d } else { v } as usize;
@@ -224,7 +224,12 @@ impl State {
     }
 
     fn session_horizon_ms(&self) -> u64 {
-        match self.d.config.as_ref().map_or(0, |c| c.session_horizon_ms) {
+        match self
+            .data
+            .config
+            .as_ref()
+            .map_or(0, |c| c.session_horizon_ms)
+        {
             0 => DEFAULT_SESSION_HORIZON_MS,
             h => h,
         }
@@ -244,8 +249,8 @@ impl State {
     /// applied), and the table keeps the `max_client_sessions` most recently
     /// heard of clients.
     fn recorded_outcome(&mut self, o: &Origin) -> Option<Outcome> {
-        let (applied, now) = (self.d.applied, self.d.clock_ms);
-        let s = self.d.sessions.entry(o.client_id).or_default();
+        let (applied, now) = (self.data.applied, self.data.clock_ms);
+        let s = self.data.sessions.entry(o.client_id).or_default();
         s.touched = applied;
         s.touched_ms = now;
         // A request cannot declare itself done.
@@ -265,22 +270,22 @@ impl State {
 
     fn record_outcome(&mut self, o: &Origin, out: &Outcome) {
         let (max_sessions, max_outcomes) = self.limits();
-        let s = self.d.sessions.entry(o.client_id).or_default();
+        let s = self.data.sessions.entry(o.client_id).or_default();
         s.outcomes.insert(o.seq, out.clone());
         while s.outcomes.len() > max_outcomes {
             s.outcomes.pop_first();
         }
-        while self.d.sessions.len() > max_sessions {
+        while self.data.sessions.len() > max_sessions {
             // Evict the least recently used client (deterministic: ties by id).
             let victim = self
-                .d
+                .data
                 .sessions
                 .iter()
                 .min_by_key(|(id, s): &(&u64, &ClientSession)| (s.touched, **id))
                 .map(|(id, _)| *id);
             match victim {
                 Some(id) => {
-                    self.d.sessions.remove(&id);
+                    self.data.sessions.remove(&id);
                 }
                 None => break,
             }
@@ -290,27 +295,27 @@ impl State {
     /// Forgets every client not heard of for the session horizon.
     fn expire_sessions(&mut self) {
         let horizon = self.session_horizon_ms();
-        let Some(cutoff) = self.d.clock_ms.checked_sub(horizon) else {
+        let Some(cutoff) = self.data.clock_ms.checked_sub(horizon) else {
             return;
         };
-        self.d.sessions.retain(|_, s| s.touched_ms >= cutoff);
+        self.data.sessions.retain(|_, s| s.touched_ms >= cutoff);
     }
 
     /// Number of clients the exactly-once table remembers.
     pub fn session_count(&self) -> usize {
-        self.d.sessions.len()
+        self.data.sessions.len()
     }
 
     /// Number of outcomes the exactly-once table holds, over all clients.
     pub fn outcomes_held(&self) -> usize {
-        self.d.sessions.values().map(|s| s.outcomes.len()).sum()
+        self.data.sessions.values().map(|s| s.outcomes.len()).sum()
     }
 
     // ------------------------------------------------ snapshots and digest ----
 
     /// Encodes the whole state (the snapshot format).
     pub fn encode_snapshot(&self) -> Vec<u8> {
-        self.d.encode_to_vec()
+        self.data.encode_to_vec()
     }
 
     /// Decodes a snapshot produced by [`State::encode_snapshot`].
@@ -330,12 +335,12 @@ impl State {
             check_config(c).map_err(|e| SnapshotError(e.message))?;
         }
         check_task_references(&d)?;
-        Ok(State { d })
+        Ok(State { data: d })
     }
 
     /// The leader clock: the newest update time applied.
     pub fn clock_ms(&self) -> u64 {
-        self.d.clock_ms
+        self.data.clock_ms
     }
 
     /// SHA-256 of the canonical encoding: equal states have equal digests.
@@ -352,38 +357,38 @@ impl State {
 
     /// Whether an `InitService` has been applied.
     pub fn is_initialized(&self) -> bool {
-        self.d.initialized
+        self.data.initialized
     }
 
     /// The service incarnation (0 before initialisation).
     pub fn service_incarnation(&self) -> u64 {
-        self.d.service_incarnation
+        self.data.service_incarnation
     }
 
     /// The job epoch, bumped by every `ResetJobEpoch`.
     pub fn epoch(&self) -> u64 {
-        self.d.epoch
+        self.data.epoch
     }
 
     /// Number of updates applied (including retried ones).
     pub fn applied_count(&self) -> u64 {
-        self.d.applied
+        self.data.applied
     }
 
     /// The cluster configuration, if initialised.
     pub fn config(&self) -> Option<&ClusterConfig> {
-        self.d.config.as_ref()
+        self.data.config.as_ref()
     }
 
     /// Number of tasks in the configuration.
     pub fn task_count(&self) -> u32 {
-        self.d.tasks.len() as u32
+        self.data.tasks.len() as u32
     }
 
     /// Dense index of task `id` of job `job`.
     pub fn task_index(&self, job: &str, id: i32) -> Option<u32> {
         let mut offset = 0u32;
-        for j in &self.d.config.as_ref()?.jobs {
+        for j in &self.data.config.as_ref()?.jobs {
             if j.name == job {
                 return (id >= 0 && (id as u32) < j.count).then_some(offset + id as u32);
             }
@@ -395,7 +400,7 @@ impl State {
     /// (job, task id) of a dense index.
     pub fn task_id(&self, index: u32) -> Option<(&str, i32)> {
         let mut offset = 0u32;
-        for j in &self.d.config.as_ref()?.jobs {
+        for j in &self.data.config.as_ref()?.jobs {
             if index < offset + j.count {
                 return Some((&j.name, (index - offset) as i32));
             }
@@ -414,7 +419,7 @@ impl State {
 
     /// The stored entry of a task.
     pub fn task(&self, index: u32) -> Option<&TaskEntry> {
-        self.d.tasks.get(index as usize)
+        self.data.tasks.get(index as usize)
     }
 
     /// The status of a task.
@@ -424,12 +429,12 @@ impl State {
 
     /// The WatchTasks version, bumped on every task-state change.
     pub fn tasks_version(&self) -> i64 {
-        self.d.tasks_version
+        self.data.tasks_version
     }
 
     /// The error propagated to pollers, if any.
     pub fn propagated_error(&self) -> Option<&DomainError> {
-        self.d.propagated_error.as_ref()
+        self.data.propagated_error.as_ref()
     }
 
     /// How messages name a task: the bare id in a jaxlib-style cluster (one
@@ -437,7 +442,7 @@ impl State {
     /// TensorFlow name `/job:NAME/replica:0/task:ID` otherwise.
     pub fn label(&self, index: u32) -> String {
         let jax_style = self
-            .d
+            .data
             .config
             .as_ref()
             .is_some_and(|c| c.jobs.len() == 1 && c.jobs[0].name == JAX_JOB);
@@ -449,16 +454,16 @@ impl State {
     }
 
     pub(crate) fn bump_tasks_version(&mut self) {
-        self.d.tasks_version += 1;
+        self.data.tasks_version += 1;
     }
 
     pub(crate) fn next_call_id(&mut self) -> u64 {
-        self.d.next_call_id += 1;
-        self.d.next_call_id
+        self.data.next_call_id += 1;
+        self.data.next_call_id
     }
 
     pub(crate) fn recoverable(&self) -> bool {
-        self.d.config.as_ref().is_some_and(|c| c.recoverable)
+        self.data.config.as_ref().is_some_and(|c| c.recoverable)
     }
 
     /// Whether `task` is recoverable: the whole service is, or the task
@@ -470,27 +475,27 @@ impl State {
     /// Whether propagated errors are delivered to each task (TensorFlow's
     /// service) instead of through PollForError (XLA's).
     pub(crate) fn notify_tasks(&self) -> bool {
-        self.d.config.as_ref().is_some_and(|c| c.notify_tasks)
+        self.data.config.as_ref().is_some_and(|c| c.notify_tasks)
     }
 
     pub(crate) fn cfg(&self) -> ClusterConfig {
-        self.d.config.clone().unwrap_or_default()
+        self.data.config.clone().unwrap_or_default()
     }
 
     pub(crate) fn check_task(&self, task: u32, call: UnknownTaskIn) -> Result<(), DomainError> {
-        if (task as usize) < self.d.tasks.len() {
+        if (task as usize) < self.data.tasks.len() {
             Ok(())
         } else {
             Err(errors::unknown_task(call, &task.to_string()))
         }
     }
 
-    pub(crate) fn t(&self, task: u32) -> &TaskEntry {
-        &self.d.tasks[task as usize]
+    pub(crate) fn entry(&self, task: u32) -> &TaskEntry {
+        &self.data.tasks[task as usize]
     }
 
-    pub(crate) fn t_mut(&mut self, task: u32) -> &mut TaskEntry {
-        &mut self.d.tasks[task as usize]
+    pub(crate) fn entry_mut(&mut self, task: u32) -> &mut TaskEntry {
+        &mut self.data.tasks[task as usize]
     }
 }
 

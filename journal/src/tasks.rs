@@ -29,13 +29,16 @@ pub enum HeartbeatCheck {
 
 impl State {
     fn heartbeat_timeout_ms(&self) -> u64 {
-        self.d.config.as_ref().map_or(0, |c| c.heartbeat_timeout_ms)
+        self.data
+            .config
+            .as_ref()
+            .map_or(0, |c| c.heartbeat_timeout_ms)
     }
 
     /// A DISCONNECTED task is "beyond the grace period" once one heartbeat
     /// timeout has passed since it disconnected (or if it never connected).
     pub(crate) fn beyond_grace(&self, task: u32, now_ms: u64) -> bool {
-        let t = self.t(task);
+        let t = self.entry(task);
         t.disconnected_at_ms == 0
             || now_ms
                 >= t.disconnected_at_ms
@@ -57,9 +60,9 @@ impl State {
         let label = self.label(task);
         // Upstream records the task's own flag on every registration, before
         // looking at its state.
-        self.t_mut(task).recoverable = declared_recoverable;
+        self.entry_mut(task).recoverable = declared_recoverable;
         let recoverable = self.task_recoverable(task);
-        let t = self.t(task).clone();
+        let t = self.entry(task).clone();
         match t.status() {
             TaskStatus::Error => {
                 let existing = t.error.clone().unwrap_or_default();
@@ -78,14 +81,14 @@ impl State {
             }
             TaskStatus::Connected => {
                 if t.incarnation == incarnation {
-                    return Outcome::incarnation(self.d.service_incarnation);
+                    return Outcome::incarnation(self.data.service_incarnation);
                 }
                 if recoverable {
                     self.leave_ongoing_barriers(task, errors::LEAVE_REASON_RECONNECTED, at);
-                    self.t_mut(task).incarnation = incarnation;
-                    self.t_mut(task).notice = None;
+                    self.entry_mut(task).incarnation = incarnation;
+                    self.entry_mut(task).notice = None;
                     self.bump_tasks_version();
-                    return Outcome::incarnation(self.d.service_incarnation);
+                    return Outcome::incarnation(self.data.service_incarnation);
                 }
                 let e = errors::different_incarnation(&label).with_source_task(task);
                 self.set_task_error(task, e.clone(), at);
@@ -100,21 +103,21 @@ impl State {
         let cfg = self.cfg();
         let barrier_open = cfg.register_with_barrier
             && self
-                .d
+                .data
                 .barriers
                 .get(REGISTER_BARRIER)
                 .is_none_or(|b| b.status() == crate::pb::BarrierStatus::Pending);
         if !barrier_open {
             self.connect_task(task, incarnation);
-            return Outcome::incarnation(self.d.service_incarnation);
+            return Outcome::incarnation(self.data.service_incarnation);
         }
-        if self.t(task).pending_incarnation == Some(incarnation) {
+        if self.entry(task).pending_incarnation == Some(incarnation) {
             // The same registration again (a retry): keep waiting.
             return Outcome::parked(0);
         }
         // A newer registration supersedes a pending older one (which then
         // answers ALREADY_EXISTS through `registration_result`).
-        self.t_mut(task).pending_incarnation = Some(incarnation);
+        self.entry_mut(task).pending_incarnation = Some(incarnation);
         let timeout = (cfg.register_timeout_ms > 0).then_some(cfg.register_timeout_ms);
         let out = self.arrive(REGISTER_BARRIER, 0, timeout, &[], "", task, false, at);
         if out.is_err() {
@@ -136,10 +139,10 @@ impl State {
     ) -> Option<Result<u64, DomainError>> {
         let t = self.task(task)?;
         if t.status() == TaskStatus::Connected && t.incarnation == incarnation {
-            return Some(Ok(self.d.service_incarnation));
+            return Some(Ok(self.data.service_incarnation));
         }
         if t.pending_incarnation == Some(incarnation) {
-            return match self.d.barriers.get(REGISTER_BARRIER) {
+            return match self.data.barriers.get(REGISTER_BARRIER) {
                 Some(b) if b.status() == crate::pb::BarrierStatus::Failed => {
                     Some(Err(b.error.clone().unwrap_or_default()))
                 }
@@ -151,7 +154,7 @@ impl State {
     }
 
     pub(crate) fn connect_task(&mut self, task: u32, incarnation: u64) {
-        let t = self.t_mut(task);
+        let t = self.entry_mut(task);
         t.set_status(TaskStatus::Connected);
         t.incarnation = incarnation;
         t.pending_incarnation = None;
@@ -169,7 +172,7 @@ impl State {
             return HeartbeatCheck::Reject(e);
         }
         let label = self.label(task);
-        let t = self.t(task);
+        let t = self.entry(task);
         match t.status() {
             TaskStatus::Error => {
                 return HeartbeatCheck::Reject(errors::heartbeat_task_in_error(
@@ -236,7 +239,7 @@ impl State {
         if let Err(e) = self.check_task(c.task, UnknownTaskIn::ReportError) {
             return Outcome::err(e);
         }
-        if self.t(c.task).status() != TaskStatus::Connected {
+        if self.entry(c.task).status() != TaskStatus::Connected {
             return Outcome::err(errors::report_not_connected());
         }
         let mut e = errors::with_payload(c.code(), c.message.clone()).with_source_task(c.task);
@@ -249,11 +252,11 @@ impl State {
     /// Sets a task to ERROR (a task already in ERROR keeps its first error),
     /// fails the barriers it takes part in and re-evaluates rendezvous.
     pub(crate) fn set_task_error(&mut self, task: u32, e: DomainError, at: u64) {
-        if self.t(task).status() == TaskStatus::Error {
+        if self.entry(task).status() == TaskStatus::Error {
             return;
         }
         let reason = errors::leave_reason_error(&e);
-        let t = self.t_mut(task);
+        let t = self.entry_mut(task);
         t.set_status(TaskStatus::Error);
         t.error = Some(e);
         // `pending_incarnation` stays: a registration waiting at a barrier
@@ -283,7 +286,7 @@ impl State {
             return;
         }
         if self.notify_tasks() {
-            for t in &mut self.d.tasks {
+            for t in &mut self.data.tasks {
                 if t.poll_id != 0 && t.poll_result.is_none() {
                     t.poll_result = Some(e.clone());
                 }
@@ -291,34 +294,34 @@ impl State {
                     t.notice = Some(e.clone());
                 }
             }
-            if self.d.propagated_error.is_none() {
-                self.d.propagated_error = Some(e);
+            if self.data.propagated_error.is_none() {
+                self.data.propagated_error = Some(e);
             }
             return;
         }
-        if !self.d.any_polled {
+        if !self.data.any_polled {
             let unheard = errors::unable_to_inform(&e);
             self.set_all_tasks_error(&unheard, at);
             return;
         }
-        if self.d.propagated_error.is_some() {
+        if self.data.propagated_error.is_some() {
             return;
         }
-        for t in &mut self.d.tasks {
+        for t in &mut self.data.tasks {
             if t.poll_id != 0 && t.poll_result.is_none() {
                 t.poll_result = Some(e.clone());
             }
         }
-        self.d.propagated_error = Some(e);
+        self.data.propagated_error = Some(e);
     }
 
     pub(crate) fn poll_for_error(&mut self, task: u32, at: u64) -> Outcome {
-        self.d.any_polled = true;
+        self.data.any_polled = true;
         if let Err(e) = self.check_task(task, UnknownTaskIn::PollForError) {
             return Outcome::err(e);
         }
         let label = self.label(task);
-        let t = self.t(task);
+        let t = self.entry(task);
         if t.status() == TaskStatus::Disconnected && self.beyond_grace(task, at) {
             return Outcome::err(errors::poll_not_registered(&label));
         }
@@ -326,11 +329,11 @@ impl State {
             let existing = t.error.clone().unwrap_or_default();
             return Outcome::err(errors::poll_task_in_error(&label, &existing));
         }
-        if let Some(e) = &self.d.propagated_error {
+        if let Some(e) = &self.data.propagated_error {
             return Outcome::err(e.clone());
         }
         let call = self.next_call_id();
-        let t = self.t_mut(task);
+        let t = self.entry_mut(task);
         t.poll_id = call;
         t.poll_result = None;
         Outcome::parked(call)
@@ -352,7 +355,7 @@ impl State {
 
     /// Disconnects a task: cancels its poll, makes it leave its barriers.
     pub(crate) fn disconnect_task(&mut self, task: u32, at: u64) {
-        let t = self.t_mut(task);
+        let t = self.entry_mut(task);
         t.set_status(TaskStatus::Disconnected);
         t.disconnected_at_ms = at.max(1);
         t.error = None;
@@ -374,7 +377,7 @@ impl State {
     /// The shutdown barrier's participants: every task not declared
     /// recoverable, fixed by the barrier's first caller (empty = all tasks).
     fn shutdown_participants(&self, id: &str) -> Vec<u32> {
-        if let Some(b) = self.d.barriers.get(id) {
+        if let Some(b) = self.data.barriers.get(id) {
             return if b.all_tasks {
                 Vec::new()
             } else {
@@ -382,7 +385,7 @@ impl State {
             };
         }
         let n = self.task_count();
-        let set: Vec<u32> = (0..n).filter(|&i| !self.t(i).recoverable).collect();
+        let set: Vec<u32> = (0..n).filter(|&i| !self.entry(i).recoverable).collect();
         if set.len() == n as usize {
             Vec::new()
         } else {
@@ -403,19 +406,19 @@ impl State {
         // A task that declares itself recoverable leaves alone (upstream reads
         // the flag from the ShutdownTask request).
         if !self.uses_shutdown_barrier() || declared_recoverable {
-            if self.t(task).status() == TaskStatus::Disconnected {
+            if self.entry(task).status() == TaskStatus::Disconnected {
                 return Outcome::err(errors::already_disconnected(&label));
             }
             self.disconnect_task(task, at);
             return Outcome::ok();
         }
-        let id = shutdown_barrier_id(self.d.service_incarnation);
-        if let Some(b) = self.d.barriers.get(&id) {
+        let id = shutdown_barrier_id(self.data.service_incarnation);
+        if let Some(b) = self.data.barriers.get(&id) {
             match b.status() {
                 crate::pb::BarrierStatus::Pending => {}
                 crate::pb::BarrierStatus::Passed => {
                     // Replay: a task that registered again disconnects now.
-                    if self.t(task).status() == TaskStatus::Disconnected {
+                    if self.entry(task).status() == TaskStatus::Disconnected {
                         let e = errors::already_disconnected(&label);
                         return Outcome::err(errors::shutdown_barrier_failed(&e));
                     }
@@ -439,7 +442,7 @@ impl State {
 
     /// The answer of a parked ShutdownTask (`call_id` from its outcome).
     pub fn shutdown_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
-        let id = shutdown_barrier_id(self.d.service_incarnation);
+        let id = shutdown_barrier_id(self.data.service_incarnation);
         self.barrier_result(&id, 0, call_id).map(|r| {
             r.map(|_| ())
                 .map_err(|e| errors::shutdown_barrier_failed(&e))
@@ -450,7 +453,7 @@ impl State {
         if let Err(e) = self.check_task(task, UnknownTaskIn::Disconnect) {
             return Outcome::err(e);
         }
-        if self.t(task).status() == TaskStatus::Disconnected {
+        if self.entry(task).status() == TaskStatus::Disconnected {
             return Outcome::err(errors::already_disconnected(&self.label(task)));
         }
         self.disconnect_task(task, at);
@@ -465,11 +468,11 @@ impl State {
         }
         // Upstream keeps the device info of a task's first call that lists
         // any (empty `info`: none listed).
-        let t = self.t_mut(task);
+        let t = self.entry_mut(task);
         if t.device_info.is_none() && !info.is_empty() {
             t.device_info = Some(info.clone());
         }
-        let id = wait_all_barrier_id(self.d.service_incarnation);
+        let id = wait_all_barrier_id(self.data.service_incarnation);
         self.arrive(
             &id,
             0,
@@ -484,7 +487,7 @@ impl State {
 
     /// The answer of a parked WaitForAllTasks (`call_id` from its outcome).
     pub fn wait_for_all_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
-        let id = wait_all_barrier_id(self.d.service_incarnation);
+        let id = wait_all_barrier_id(self.data.service_incarnation);
         self.barrier_result(&id, 0, call_id).map(|r| r.map(|_| ()))
     }
 
@@ -493,7 +496,7 @@ impl State {
     pub fn cluster_device_info(&self) -> Vec<Bytes> {
         let mut infos: Vec<(&str, i32, Bytes)> = (0..self.task_count())
             .filter_map(|i| {
-                let info = self.t(i).device_info.clone()?;
+                let info = self.entry(i).device_info.clone()?;
                 let (job, id) = self.task_id(i)?;
                 Some((job, id, info))
             })
@@ -505,8 +508,8 @@ impl State {
     /// Tasks CONNECTED right now with their incarnations (liveness tracking).
     pub fn connected_tasks(&self) -> Vec<(u32, u64)> {
         (0..self.task_count())
-            .filter(|&i| self.t(i).status() == TaskStatus::Connected)
-            .map(|i| (i, self.t(i).incarnation))
+            .filter(|&i| self.entry(i).status() == TaskStatus::Connected)
+            .map(|i| (i, self.entry(i).incarnation))
             .collect()
     }
 }
