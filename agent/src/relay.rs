@@ -4,13 +4,13 @@
 //! its fate) and re-issues every in-flight call to a live node when its node
 //! dies. Each call carries an exactly-once origin (`x-coordstore-origin`), so
 //! a re-issued call that had already been applied returns its first outcome.
+//! Both coordination dialects are relayed on the one port: what jaxlib dials
+//! (`xla.coordination`) and what TensorFlow tasks dial (`tensorflow`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use proto::xla::coordination_service_client::CoordinationServiceClient;
-use proto::xla::coordination_service_server::{CoordinationService, CoordinationServiceServer};
-use proto::xla::*;
+use proto::{tf, xla};
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
@@ -44,16 +44,25 @@ pub struct XlaRelay {
     max_message_bytes: usize,
 }
 
+/// The tensorflow dialect served by the relay.
+pub struct TfRelay {
+    nodes: Endpoints,
+    max_message_bytes: usize,
+}
+
 macro_rules! forward {
-    ($($method:ident($req:ty) -> $resp:ty;)*) => {
+    ($relay:ident, $dialect:ident, $($method:ident($req:ident) -> $resp:ident;)*) => {
         #[tonic::async_trait]
-        impl CoordinationService for XlaRelay {
+        impl $dialect::coordination_service_server::CoordinationService for $relay {
             $(
-                async fn $method(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
+                async fn $method(
+                    &self,
+                    req: Request<$dialect::$req>,
+                ) -> Result<Response<$dialect::$resp>, Status> {
                     let max = self.max_message_bytes;
                     self.nodes
                         .call(req.into_inner(), |ch, r| async move {
-                            CoordinationServiceClient::new(ch)
+                            $dialect::coordination_service_client::CoordinationServiceClient::new(ch)
                                 .max_decoding_message_size(max)
                                 .max_encoding_message_size(max)
                                 .$method(r)
@@ -67,7 +76,7 @@ macro_rules! forward {
     };
 }
 
-forward! {
+forward! { XlaRelay, xla,
     register_task(RegisterTaskRequest) -> RegisterTaskResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
     shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse;
@@ -85,6 +94,25 @@ forward! {
     report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse;
 }
 
+forward! { TfRelay, tf,
+    register_task(RegisterTaskRequest) -> RegisterTaskResponse;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+    wait_for_all_tasks(WaitForAllTasksRequest) -> WaitForAllTasksResponse;
+    shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse;
+    reset_task(ResetTaskRequest) -> ResetTaskResponse;
+    report_error_to_task(ReportErrorToTaskRequest) -> ReportErrorToTaskResponse;
+    report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse;
+    get_task_state(GetTaskStateRequest) -> GetTaskStateResponse;
+    insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse;
+    get_key_value(GetKeyValueRequest) -> GetKeyValueResponse;
+    try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse;
+    get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse;
+    delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse;
+    barrier(BarrierRequest) -> BarrierResponse;
+    cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse;
+    poll_for_error(PollForErrorRequest) -> PollForErrorResponse;
+}
+
 /// Serves the relay on `listen` until `shutdown` resolves.
 pub async fn serve(
     listen: SocketAddr,
@@ -96,7 +124,14 @@ pub async fn serve(
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let svc = CoordinationServiceServer::new(XlaRelay {
+    let svc = xla::coordination_service_server::CoordinationServiceServer::new(XlaRelay {
+        nodes: nodes.clone(),
+        max_message_bytes: cfg.max_message_bytes,
+    })
+    .accept_compressed(CompressionEncoding::Gzip)
+    .max_decoding_message_size(cfg.max_message_bytes)
+    .max_encoding_message_size(cfg.max_message_bytes);
+    let tf_svc = tf::coordination_service_server::CoordinationServiceServer::new(TfRelay {
         nodes,
         max_message_bytes: cfg.max_message_bytes,
     })
@@ -107,6 +142,7 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(svc)
+        .add_service(tf_svc)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| format!("relay server failed: {e}"))

@@ -115,3 +115,66 @@ fn progress(cluster: &Cluster, rounds: usize, clients: &[PyProc]) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// TensorFlow tasks can dial a relay too: a `tensorflow` dialect client
+/// registers, writes and waits through one while the node it relays to is
+/// SIGKILLed; the calls after the kill are answered by the others.
+#[test]
+fn the_tensorflow_dialect_through_a_relay_survives_its_node() {
+    use proto::tf::*;
+    let mut cluster = Cluster::start(3, &["--job", "worker=1"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let endpoints: Vec<String> = cluster.nodes.iter().map(|n| n.addr.clone()).collect();
+    let relay = NodeProc::relay(
+        &format!("127.0.0.1:{}", free_port()),
+        &endpoints,
+        cluster.dir.path(),
+    );
+    let me = || {
+        Some(CoordinatedTask {
+            job_name: "worker".into(),
+            task_id: 0,
+            recoverable: false,
+        })
+    };
+    let mut c = rt.block_on(coordstore_tests::wire::tf(&relay.addr));
+    rt.block_on(c.register_task(RegisterTaskRequest {
+        incarnation: 7,
+        source_task: me(),
+    }))
+    .expect("register through the relay");
+    rt.block_on(c.insert_key_value(InsertKeyValueRequest {
+        kv: Some(KeyValueEntry {
+            key: "before".into(),
+            value: "1".into(),
+        }),
+        allow_overwrite: false,
+    }))
+    .expect("insert");
+    // The relay dials the first endpoint first.
+    cluster.kill(0);
+    let got = rt
+        .block_on(c.get_key_value(GetKeyValueRequest {
+            key: "before".into(),
+        }))
+        .expect("get after the kill")
+        .into_inner();
+    assert_eq!(got.kv.unwrap().value.as_ref(), b"1");
+    let passed = rt
+        .block_on(c.barrier(BarrierRequest {
+            barrier_id: "after".into(),
+            barrier_timeout_in_ms: 30_000,
+            tasks: vec![],
+            source_task: me(),
+            counter: 0,
+        }))
+        .expect("barrier after the kill")
+        .into_inner();
+    assert_eq!(passed.counter, 0);
+    rt.block_on(c.heartbeat(HeartbeatRequest {
+        incarnation: 7,
+        source_task: me(),
+    }))
+    .expect("heartbeat after the kill");
+}
