@@ -152,6 +152,16 @@ impl Coordination {
         index
     }
 
+    /// (job name, task id) of the task at `index`, for replies.
+    pub fn task_of(&self, index: u32) -> Option<(String, i32)> {
+        self.read(|s| s.task_id(index).map(|(job, id)| (job.to_string(), id)))
+    }
+
+    /// The service incarnation, for replies.
+    pub fn service_incarnation(&self) -> u64 {
+        self.read(|s| s.service_incarnation())
+    }
+
     fn named_in(&self) -> Option<u64> {
         match self.named_in.load(Ordering::Relaxed) {
             NOT_NAMED => None,

@@ -57,6 +57,15 @@ fn task(c: &Coordination, t: &Option<CoordinatedTask>, call: U) -> CallResult<u3
         .ok_or_else(|| unknown_task(call, &task_name(&t.job_name, t.task_id)).into())
 }
 
+/// The wire name of the task at `index`.
+fn wire_task(c: &Coordination, index: u32) -> Option<CoordinatedTask> {
+    c.task_of(index).map(|(job_name, task_id)| CoordinatedTask {
+        job_name,
+        task_id,
+        recoverable: false,
+    })
+}
+
 /// Whether the calling task declares itself recoverable (TF 2.21).
 fn recoverable(t: &Option<CoordinatedTask>) -> bool {
     t.as_ref().is_some_and(|t| t.recoverable)
@@ -67,15 +76,7 @@ fn recoverable(t: &Option<CoordinatedTask>) -> bool {
 pub(crate) fn domain_status(coord: &Coordination, e: &DomainError) -> Status {
     let mut payloads = HashMap::new();
     if e.coordination_payload {
-        let source_task = e.source_task.and_then(|i| {
-            coord.read(|s| {
-                s.task_id(i).map(|(job, id)| CoordinatedTask {
-                    job_name: job.to_string(),
-                    task_id: id,
-                    recoverable: false,
-                })
-            })
-        });
+        let source_task = e.source_task.and_then(|i| wire_task(coord, i));
         let p = CoordinationServiceError {
             is_reported_error: e.is_reported_error,
             source_task,
@@ -218,7 +219,7 @@ impl CoordinationService for TfService {
                 "WaitForAllTasks answered"
             );
             Ok(WaitForAllTasksResponse {
-                leader_incarnation: c.read(|s| s.service_incarnation()),
+                leader_incarnation: c.service_incarnation(),
                 cluster_device_info: Some(seed),
                 device_info: Some(all),
             })
@@ -429,15 +430,7 @@ fn task_state_info(
         info.error_message = e.message.clone();
         info.error_payload = Some(CoordinationServiceError {
             is_reported_error: e.is_reported_error,
-            source_task: e.source_task.and_then(|i| {
-                coord.read(|s| {
-                    s.task_id(i).map(|(job, id)| CoordinatedTask {
-                        job_name: job.to_string(),
-                        task_id: id,
-                        recoverable: false,
-                    })
-                })
-            }),
+            source_task: e.source_task.and_then(|i| wire_task(coord, i)),
         });
     }
     info

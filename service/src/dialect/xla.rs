@@ -43,7 +43,7 @@ impl WireErrors for XlaService {
         if e.coordination_payload {
             let source_task_id = e
                 .source_task
-                .and_then(|i| coord.read(|s| s.task_id(i).map(|(_, id)| id)))
+                .and_then(|i| coord.task_of(i).map(|(_, id)| id))
                 .unwrap_or(0);
             let p = CoordinationServiceError {
                 is_reported_error: e.is_reported_error,
@@ -143,7 +143,7 @@ impl CoordinationService for XlaService {
         read::<X, _, _, _>(&self.coord, req, |c, r| async move {
             admit(&c, &r.incarnations).await?;
             let (views, version) = c.watch_tasks(r.version_number).await?;
-            let id_of = |i: u32| c.read(|s| s.task_id(i).map(|(j, id)| (j.to_string(), id)));
+            let id_of = |i: u32| c.task_of(i);
             let task_state = views
                 .into_iter()
                 .filter_map(|v| {
@@ -319,7 +319,7 @@ impl CoordinationService for XlaService {
             let alive_task_ids = alive
                 .tasks
                 .iter()
-                .map(|&i| c.read(|s| s.task_id(i).map_or(i as i32, |(_, id)| id)))
+                .map(|&i| c.task_of(i).map_or(i as i32, |(_, id)| id))
                 .collect();
             Ok(GetAliveTasksResponse {
                 alive_task_ids,
