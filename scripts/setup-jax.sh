@@ -32,33 +32,9 @@ if [[ -x "$VENV/bin/python" && -f "$MARKER" ]] && [[ "$(cat "$MARKER")" == "$WAN
     exit 0
 fi
 
-# Pick a Python 3.12 interpreter: pyenv's 3.12.1 first, then python3.12 on PATH.
-PY=()
-if command -v pyenv >/dev/null 2>&1 && PYENV_VERSION=3.12.1 pyenv exec python -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-    PY=(env PYENV_VERSION=3.12.1 pyenv exec python)
-elif command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import venv' >/dev/null 2>&1; then
-    PY=(python3.12)
-else
-    log "ERROR: jax/jaxlib 0.12.0.1 need Python 3.12, but neither pyenv's 3.12.1" \
-        "(PYENV_VERSION=3.12.1 pyenv exec python) nor python3.12 (with the venv module) was found." \
-        "Install one, e.g. 'pyenv install 3.12.1' or 'apt-get install python3.12 python3.12-venv'."
-    exit 1
-fi
-
-if [[ -e "$VENV" && ! -x "$VENV/bin/python" ]]; then
-    log "removing broken venv at $VENV"
-    rm -rf "$VENV"
-fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv at $VENV with $("${PY[@]}" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
-    mkdir -p "$ROOT/target"
-    "${PY[@]}" -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-    log "venv at $VENV is not Python 3.12; recreating"
-    rm -rf "$VENV"
-    "${PY[@]}" -m venv "$VENV"
-fi
+# shellcheck source=lib/py312-venv.sh
+source "$ROOT/scripts/lib/py312-venv.sh"
+py312_venv "$VENV" "jax/jaxlib 0.12.0.1"
 
 rm -f "$MARKER"
 log "installing ${PINS[*]}"

@@ -43,22 +43,27 @@ fn all_ops_pass(cluster: &Cluster, addr: &str, tasks: usize) {
         })
         .collect();
     for p in &mut procs {
-        let status = p.wait_exit(RUN);
-        assert!(
-            status.success() && p.failed_checks().is_empty(),
-            "{status}: {:?}\n{}\n{}",
-            p.failed_checks(),
-            p.report(),
-            cluster.logs()
-        );
-        assert!(
-            p.lines()
-                .iter()
-                .any(|l| l.contains("\"check\": \"summary\", \"ok\": true")),
-            "{}",
-            p.report()
-        );
+        exits_passing(p, cluster, "summary");
     }
+}
+
+/// Waits for `p` to exit cleanly with no failed check and its final check
+/// `last` passed.
+fn exits_passing(p: &mut PyProc, cluster: &Cluster, last: &str) {
+    let status = p.wait_exit(RUN);
+    assert!(
+        status.success() && p.failed_checks().is_empty(),
+        "{status}: {:?}\n{}\n{}",
+        p.failed_checks(),
+        p.report(),
+        cluster.logs()
+    );
+    let passed = format!("\"check\": \"{last}\", \"ok\": true");
+    assert!(
+        p.lines().iter().any(|l| l.contains(&passed)),
+        "{}",
+        p.report()
+    );
 }
 
 #[test]
@@ -315,20 +320,6 @@ fn a_restarted_recoverable_task_rejoins_a_reused_barrier() {
     }));
     peer.send_line("go");
     for p in [&mut again, &mut peer] {
-        let status = p.wait_exit(RUN);
-        assert!(
-            status.success() && p.failed_checks().is_empty(),
-            "{status}: {:?}\n{}\n{}",
-            p.failed_checks(),
-            p.report(),
-            cluster.logs()
-        );
-        assert!(
-            p.lines()
-                .iter()
-                .any(|l| l.contains("\"check\": \"rejoin\", \"ok\": true")),
-            "{}",
-            p.report()
-        );
+        exits_passing(p, &cluster, "rejoin");
     }
 }

@@ -56,10 +56,7 @@ where
 {
     let call = coord.for_request(&req)?;
     coord.ready().await?;
-    let answer = body(call, req.into_inner()).await;
-    answer
-        .map(Response::new)
-        .map_err(|e| to_status(e, |d| E::domain_status(coord, d)))
+    reply::<E, _>(coord, body(call, req.into_inner()).await)
 }
 
 /// [`unary`] for a call that only reads: no origin is bound.
@@ -73,7 +70,14 @@ where
     Fut: Future<Output = CallResult<Resp>>,
 {
     coord.ready().await?;
-    let answer = body(coord.clone(), req.into_inner()).await;
+    reply::<E, _>(coord, body(coord.clone(), req.into_inner()).await)
+}
+
+/// A call's answer on the wire: the reply, or the dialect's error.
+fn reply<E: WireErrors, Resp>(
+    coord: &Coordination,
+    answer: CallResult<Resp>,
+) -> Result<Response<Resp>, Status> {
     answer
         .map(Response::new)
         .map_err(|e| to_status(e, |d| E::domain_status(coord, d)))
