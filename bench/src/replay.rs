@@ -24,7 +24,7 @@
 use std::time::{Duration, Instant};
 
 use coordstore_tests::{try_status, Cluster};
-use journal::pb::{update::Command as Cmd, KvInsert, UpdateBatch};
+use journal::pb::{coordination::KvInsert, update::Command as Cmd, UpdateBatch};
 use journal::Update;
 use openraft::storage::RaftLogStorage;
 use openraft::{CommittedLeaderId, EntryPayload};
@@ -183,7 +183,7 @@ async fn append_journal(
             log_id: LogId::new(leader, index),
             payload: EntryPayload::Normal(Proposal(UpdateBatch {
                 updates: vec![Update {
-                    command: Some(Cmd::KvInsert(KvInsert {
+                    command: Some(Cmd::from(KvInsert {
                         key: format!("replay/{}", i % KEYS),
                         value: value(i).into(),
                         allow_overwrite: true,

@@ -1,15 +1,24 @@
-//! coordstore-journal: the replicated command set and the pure coordination
-//! state machine. An [`Update`] (a prost message, `proto/journal.proto`) is
-//! what the leader proposes; [`State::apply`] is a deterministic function of
-//! the state and the update — no I/O, no clock, no randomness — so every
-//! replica and every replay computes the same state. The leader puts the time
-//! (`at_ms`) and random values (incarnations) into the update.
+//! coordstore-journal: the replicated command set and the pure state
+//! machine. An [`Update`] (a prost message, `proto/journal.proto`) is what the
+//! leader proposes; [`State::apply`] is a deterministic function of the state
+//! and the update — no I/O, no clock, no randomness — so every replica and
+//! every replay computes the same state. The leader puts the time (`at_ms`)
+//! and random values (incarnations) into the update.
+//!
+//! The state has **areas**, each one module with its own command, reply,
+//! state and errors: [`coordination`] today, the tf.data dispatcher and the
+//! closure queue next. `State::apply` handles what the areas share (the
+//! cluster configuration and job epoch, exactly-once sessions) and hands an
+//! area's command to that area ([`area::Area`]). Areas never call each
+//! other: a cross-area effect (a task lost, a job epoch reset) reaches every
+//! area through the hooks of [`area::Area`].
 //!
 //! Calls that wait (registration, barriers, PollForError, GetAliveTasks,
 //! shutdown, WaitForAllTasks) apply an update that returns a *parked* outcome
 //! with a call id; the service then re-reads the state after each apply with
-//! the matching `*_result` function until it answers. That keeps the waiting
-//! itself out of the replicated state and lets a new leader re-park calls.
+//! the area's matching `*_result` reader until it answers. That keeps the
+//! waiting itself out of the replicated state and lets a new leader re-park
+//! calls.
 //!
 //! Snapshots are the prost encoding of the whole state ([`State::encode_snapshot`]);
 //! [`State::digest`] hashes that canonical encoding.
@@ -17,33 +26,41 @@
 //! ```
 //! use journal::{pb, State, Update};
 //! let mut s = State::new();
-//! let kv = pb::KvInsert { key: "/a//b".into(), value: "1".into(), allow_overwrite: false };
-//! let out = s.apply(&Update { command: Some(pb::update::Command::KvInsert(kv)), ..Default::default() });
+//! let kv = pb::coordination::KvInsert { key: "/a//b".into(), value: "1".into(), allow_overwrite: false };
+//! let out = s.apply(&Update::from(kv));
 //! assert!(!out.is_err());
-//! assert_eq!(s.kv_get("a/b").unwrap().as_ref(), b"1");
+//! assert_eq!(s.coordination().kv_get("a/b").unwrap().as_ref(), b"1");
 //! ```
 
-/// The generated prost types of `proto/journal.proto`.
+/// The generated prost types of `proto/*.proto`: the shared messages here,
+/// each area's in its own module.
 #[allow(missing_docs, clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/coordstore.journal.rs"));
+
+    /// The coordination area's messages (`proto/coordination.proto`).
+    pub mod coordination {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/coordstore.journal.coordination.rs"
+        ));
+    }
 }
 
-mod alive;
-mod barrier;
-pub mod errors;
-mod keys;
-mod kv;
-mod state;
-mod tasks;
+/// The encoding version of updates and snapshots. A data dir records the
+/// version it was written in; a node refuses a dir of another version.
+/// 2: per-area commands, replies and state (1: one flat command set).
+pub const FORMAT_VERSION: u32 = 2;
 
-pub use alive::AliveTasks;
-pub use barrier::{shutdown_barrier_id, wait_all_barrier_id, BarrierDeadline, REGISTER_BARRIER};
-pub use keys::normalize_key;
-pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
-pub use pb::{Code, DomainError, Outcome, TaskStatus, Update};
+pub mod area;
+mod cluster;
+pub mod coordination;
+pub mod errors;
+mod state;
+
+pub use cluster::{task_name, Cluster, JAX_JOB};
+pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{
-    task_name, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS, DEFAULT_MAX_OUTCOMES_PER_CLIENT,
-    DEFAULT_SESSION_HORIZON_MS, JAX_JOB, SESSION_SWEEP_EVERY,
+    client_proposable, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS,
+    DEFAULT_MAX_OUTCOMES_PER_CLIENT, DEFAULT_SESSION_HORIZON_MS, SESSION_SWEEP_EVERY,
 };
-pub use tasks::{HeartbeatCheck, WAIT_FOR_ALL_TASKS_TIMEOUT_MS};

@@ -1,18 +1,19 @@
-//! `State`: the replicated truth, its `apply`, exactly-once sessions,
-//! snapshots and the state digest. The command semantics live in the sibling
-//! modules (`tasks`, `barrier`, `kv`, `alive`), each an `impl State` block.
+//! `State`: the replicated truth and its `apply`. This file holds what the
+//! areas share — the cluster configuration and job epoch, exactly-once
+//! sessions, snapshots and the state digest — and hands each area's command
+//! to its area (`crate::coordination`, ...).
 
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::errors::{self, UnknownTaskIn};
+use crate::area::{Area, Context};
+use crate::cluster::Cluster;
+use crate::coordination;
+use crate::errors;
 use crate::pb::{
-    update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome, StateData,
-    TaskEntry, TaskStatus, Update,
+    outcome, update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome,
+    StateData, Update,
 };
-
-/// The job name jaxlib registers its tasks under.
-pub const JAX_JOB: &str = "jax_worker";
 
 /// Default bound on the number of clients the exactly-once table remembers.
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
@@ -25,11 +26,24 @@ pub const SESSION_SWEEP_EVERY: u64 = 1024;
 /// Most tasks a cluster configuration may hold.
 pub const MAX_TASKS: u64 = 1 << 20;
 
-/// The coordination state machine. `apply` is a pure function of the state and
+/// The replicated state machine. `apply` is a pure function of the state and
 /// the update: no I/O, no clock, no randomness.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct State {
+    /// Every area's part is always present (`Some`), so equal states encode
+    /// equally.
     pub(crate) data: StateData,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            data: StateData {
+                coordination: Some(Default::default()),
+                ..Default::default()
+            },
+        }
+    }
 }
 
 /// A snapshot that could not be decoded.
@@ -67,25 +81,24 @@ impl Outcome {
         }
     }
 
-    /// A success carrying a number (incremented value, barrier counter).
-    pub fn value(v: i64) -> Self {
-        Outcome {
-            value: v,
-            ..Default::default()
-        }
-    }
-
-    /// A success carrying the service incarnation.
-    pub fn incarnation(inc: u64) -> Self {
-        Outcome {
-            incarnation: inc,
-            ..Default::default()
-        }
-    }
-
     /// Whether the outcome is a failure.
     pub fn is_err(&self) -> bool {
         self.error.is_some()
+    }
+
+    /// The service incarnation an `InitService` or `ResetJobEpoch` answered.
+    pub fn service_incarnation(&self) -> Option<u64> {
+        match self.reply {
+            Some(outcome::Reply::ServiceIncarnation(inc)) => Some(inc),
+            _ => None,
+        }
+    }
+
+    fn with_service_incarnation(inc: u64) -> Self {
+        Outcome {
+            reply: Some(outcome::Reply::ServiceIncarnation(inc)),
+            ..Default::default()
+        }
     }
 }
 
@@ -93,6 +106,36 @@ impl From<Result<Outcome, DomainError>> for Outcome {
     fn from(r: Result<Outcome, DomainError>) -> Self {
         r.unwrap_or_else(Outcome::err)
     }
+}
+
+impl From<Command> for Update {
+    /// An update of `command` with no origin, time or epoch.
+    fn from(command: Command) -> Self {
+        Update {
+            command: Some(command),
+            ..Default::default()
+        }
+    }
+}
+
+/// Whether a client may propose `command`: the shared commands a client
+/// issues (a job epoch reset, a no-op) and each area's own allow-list.
+/// `InitService` is the node's to propose at start-up.
+pub fn client_proposable(command: &Command) -> bool {
+    match command {
+        Command::ResetJobEpoch(_) | Command::Noop(_) => true,
+        Command::InitService(_) => false,
+        Command::Coordination(c) => c
+            .command
+            .as_ref()
+            .is_some_and(coordination::client_proposable),
+    }
+}
+
+/// Which area an effect came from (an area does not hear its own effects).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AreaId {
+    Coordination,
 }
 
 impl State {
@@ -134,54 +177,86 @@ impl State {
                 return Outcome::err(errors::stale_epoch(named_in, self.data.epoch));
             }
         }
-        let at = u.at_ms;
         let Some(cmd) = &u.command else {
             return Outcome::ok();
         };
         match cmd {
-            Command::InitService(c) => self.init_service(c),
-            Command::ResetJobEpoch(c) => self.reset_job_epoch(c),
-            Command::RegisterTask(c) => {
-                self.register_task(c.task, c.incarnation, c.recoverable, at)
-            }
-            Command::Heartbeat(c) => self.heartbeat(c.task, c.incarnation, at),
-            Command::TasksUnhealthy(c) => self.tasks_unhealthy(&c.tasks, at),
-            Command::ReportError(c) => self.report_error(c, at),
-            Command::PollForError(c) => self.poll_for_error(c.task, at),
-            Command::ShutdownTask(c) => self.shutdown_task(c.task, c.recoverable, at),
-            Command::ResetTask(c) => self.reset_task(c.task, at),
-            Command::KvInsert(c) => self.kv_insert(c),
-            Command::KvDelete(c) => self.kv_delete(&c.key),
-            Command::KvIncrement(c) => self.kv_increment(&c.key, c.increment),
-            Command::BarrierArrive(c) => self.barrier_arrive(c, at),
-            Command::BarrierCancel(c) => self.barrier_cancel(&c.id, c.counter, c.task, at),
-            Command::BarrierExpire(c) => self.barrier_expire(&c.id, c.counter, at),
-            Command::AliveTasks(c) => self.alive_tasks(c.task, &c.tasks),
-            Command::WaitForAllTasks(c) => self.wait_for_all_tasks(c.task, &c.device_info, at),
+            Command::InitService(c) => self.init_service(c, u.at_ms),
+            Command::ResetJobEpoch(c) => self.reset_job_epoch(c, u.at_ms),
             Command::Noop(_) => Outcome::ok(),
+            Command::Coordination(c) => {
+                let mut lost = Vec::new();
+                let (mut cx, area) = self.split(u.at_ms, &mut lost);
+                let out = area.apply(&mut cx, c);
+                self.tell_task_lost(AreaId::Coordination, &lost, u.at_ms);
+                out
+            }
+        }
+    }
+
+    /// The shared context and the coordination area, borrowed apart.
+    fn split<'s>(
+        &'s mut self,
+        at_ms: u64,
+        lost: &'s mut Vec<u32>,
+    ) -> (Context<'s>, &'s mut coordination::Data) {
+        let StateData {
+            config,
+            service_incarnation,
+            epoch,
+            next_call_id,
+            coordination,
+            ..
+        } = &mut self.data;
+        let cx = Context {
+            cluster: Cluster {
+                config: config.as_ref(),
+                service_incarnation: *service_incarnation,
+                epoch: *epoch,
+            },
+            at_ms,
+            next_call_id,
+            lost,
+        };
+        (cx, coordination.get_or_insert_with(Default::default))
+    }
+
+    /// Every area other than `from` hears that these tasks were lost. The
+    /// coordination area is the only one today, and the only one that loses
+    /// tasks; the dispatcher and the closure queue will hear of it here.
+    fn tell_task_lost(&mut self, from: AreaId, lost: &[u32], at_ms: u64) {
+        for &task in lost {
+            if from != AreaId::Coordination {
+                let mut more = Vec::new();
+                let (mut cx, area) = self.split(at_ms, &mut more);
+                area.on_task_lost(&mut cx, task);
+            }
         }
     }
 
     // ------------------------------------------------------------ cluster ----
 
-    fn init_service(&mut self, c: &crate::pb::InitService) -> Outcome {
+    fn init_service(&mut self, c: &crate::pb::InitService, at_ms: u64) -> Outcome {
         let config = c.config.clone().unwrap_or_default();
         if let Err(e) = check_config(&config) {
             return Outcome::err(e);
         }
         if self.data.initialized {
             if self.data.config.as_ref() == Some(&config) {
-                return Outcome::incarnation(self.data.service_incarnation);
+                return Outcome::with_service_incarnation(self.data.service_incarnation);
             }
             return Outcome::err(errors::config_mismatch());
         }
         self.data.initialized = true;
         self.data.service_incarnation = c.service_incarnation;
-        self.install_config(config);
-        Outcome::incarnation(self.data.service_incarnation)
+        self.data.config = Some(config);
+        let mut lost = Vec::new();
+        let (mut cx, area) = self.split(at_ms, &mut lost);
+        area.on_init(&mut cx);
+        Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
-    fn reset_job_epoch(&mut self, c: &crate::pb::ResetJobEpoch) -> Outcome {
+    fn reset_job_epoch(&mut self, c: &crate::pb::ResetJobEpoch, at_ms: u64) -> Outcome {
         let config = c
             .config
             .clone()
@@ -193,21 +268,11 @@ impl State {
         self.data.initialized = true;
         self.data.epoch += 1;
         self.data.service_incarnation = c.service_incarnation;
-        self.data.kv.clear();
-        self.clear_history();
-        self.data.barriers.clear();
-        self.data.propagated_error = None;
-        self.data.any_polled = false;
-        self.data.alive_rounds.clear();
-        self.install_config(config);
-        self.bump_tasks_version();
-        Outcome::incarnation(self.data.service_incarnation)
-    }
-
-    fn install_config(&mut self, config: ClusterConfig) {
-        let n: usize = config.jobs.iter().map(|j| j.count as usize).sum();
-        self.data.tasks = vec![TaskEntry::default(); n];
         self.data.config = Some(config);
+        let mut lost = Vec::new();
+        let (mut cx, area) = self.split(at_ms, &mut lost);
+        area.on_epoch_reset(&mut cx);
+        Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
     // ----------------------------------------------------------- sessions ----
@@ -318,24 +383,19 @@ impl State {
         self.data.encode_to_vec()
     }
 
-    /// Decodes a snapshot produced by [`State::encode_snapshot`].
+    /// Decodes a snapshot produced by [`State::encode_snapshot`], and checks
+    /// it: the configuration, and each area's part against it.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
-        let d = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
-        let n: usize = d
-            .config
-            .as_ref()
-            .map_or(0, |c| c.jobs.iter().map(|j| j.count as usize).sum());
-        if d.tasks.len() != n {
-            return Err(SnapshotError(format!(
-                "{} tasks stored but the configuration has {n}",
-                d.tasks.len()
-            )));
-        }
-        if let Some(c) = &d.config {
+        let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
+        data.coordination.get_or_insert_with(Default::default);
+        if let Some(c) = &data.config {
             check_config(c).map_err(|e| SnapshotError(e.message))?;
         }
-        check_task_references(&d)?;
-        Ok(State { data: d })
+        let s = State { data };
+        s.coordination_data()
+            .check_snapshot(s.cluster())
+            .map_err(SnapshotError)?;
+        Ok(s)
     }
 
     /// The leader clock: the newest update time applied.
@@ -354,6 +414,32 @@ impl State {
     }
 
     // -------------------------------------------------------------- reads ----
+
+    /// The shared part: configuration, service incarnation, job epoch.
+    pub fn cluster(&self) -> Cluster<'_> {
+        Cluster {
+            config: self.data.config.as_ref(),
+            service_incarnation: self.data.service_incarnation,
+            epoch: self.data.epoch,
+        }
+    }
+
+    /// The coordination area, read-only.
+    pub fn coordination(&self) -> coordination::Reader<'_> {
+        coordination::Reader {
+            cl: self.cluster(),
+            data: self.coordination_data(),
+        }
+    }
+
+    fn coordination_data(&self) -> &coordination::Data {
+        // Present from `State::default` and `decode_snapshot` on, the only
+        // ways a state is made.
+        self.data
+            .coordination
+            .as_ref()
+            .expect("every area's part is present")
+    }
 
     /// Whether an `InitService` has been applied.
     pub fn is_initialized(&self) -> bool {
@@ -382,165 +468,28 @@ impl State {
 
     /// Number of tasks in the configuration.
     pub fn task_count(&self) -> u32 {
-        self.data.tasks.len() as u32
+        self.cluster().task_count()
     }
 
     /// Dense index of task `id` of job `job`.
     pub fn task_index(&self, job: &str, id: i32) -> Option<u32> {
-        let mut offset = 0u32;
-        for j in &self.data.config.as_ref()?.jobs {
-            if j.name == job {
-                return (id >= 0 && (id as u32) < j.count).then_some(offset + id as u32);
-            }
-            offset += j.count;
-        }
-        None
+        self.cluster().task_index(job, id)
     }
 
     /// (job, task id) of a dense index.
     pub fn task_id(&self, index: u32) -> Option<(&str, i32)> {
-        let mut offset = 0u32;
-        for j in &self.data.config.as_ref()?.jobs {
-            if index < offset + j.count {
-                return Some((&j.name, (index - offset) as i32));
-            }
-            offset += j.count;
-        }
-        None
+        self.cluster().task_id(index)
     }
 
     /// The TensorFlow-style name of a task: `/job:NAME/replica:0/task:ID`.
     pub fn task_name(&self, index: u32) -> String {
-        match self.task_id(index) {
-            Some((job, id)) => task_name(job, id),
-            None => format!("/task_index:{index}"),
-        }
+        self.cluster().task_name(index)
     }
 
-    /// The stored entry of a task.
-    pub fn task(&self, index: u32) -> Option<&TaskEntry> {
-        self.data.tasks.get(index as usize)
-    }
-
-    /// The status of a task.
-    pub fn task_status(&self, index: u32) -> Option<TaskStatus> {
-        self.task(index).map(|t| t.status())
-    }
-
-    /// The WatchTasks version, bumped on every task-state change.
-    pub fn tasks_version(&self) -> i64 {
-        self.data.tasks_version
-    }
-
-    /// The error propagated to pollers, if any.
-    pub fn propagated_error(&self) -> Option<&DomainError> {
-        self.data.propagated_error.as_ref()
-    }
-
-    /// How messages name a task: the bare id in a jaxlib-style cluster (one
-    /// job named `jax_worker`, as jaxlib 0.12's service prints it), the
-    /// TensorFlow name `/job:NAME/replica:0/task:ID` otherwise.
+    /// How messages name a task (see [`Cluster::label`]).
     pub fn label(&self, index: u32) -> String {
-        let jax_style = self
-            .data
-            .config
-            .as_ref()
-            .is_some_and(|c| c.jobs.len() == 1 && c.jobs[0].name == JAX_JOB);
-        match self.task_id(index) {
-            Some((_, id)) if jax_style => id.to_string(),
-            Some((job, id)) => task_name(job, id),
-            None => index.to_string(),
-        }
+        self.cluster().label(index)
     }
-
-    pub(crate) fn bump_tasks_version(&mut self) {
-        self.data.tasks_version += 1;
-    }
-
-    pub(crate) fn next_call_id(&mut self) -> u64 {
-        self.data.next_call_id += 1;
-        self.data.next_call_id
-    }
-
-    pub(crate) fn recoverable(&self) -> bool {
-        self.data.config.as_ref().is_some_and(|c| c.recoverable)
-    }
-
-    /// Whether `task` is recoverable: the whole service is, or the task
-    /// declared itself so when it last registered.
-    pub(crate) fn task_recoverable(&self, task: u32) -> bool {
-        self.recoverable() || self.task(task).is_some_and(|t| t.recoverable)
-    }
-
-    /// Whether propagated errors are delivered to each task (TensorFlow's
-    /// service) instead of through PollForError (XLA's).
-    pub(crate) fn notify_tasks(&self) -> bool {
-        self.data.config.as_ref().is_some_and(|c| c.notify_tasks)
-    }
-
-    pub(crate) fn cfg(&self) -> ClusterConfig {
-        self.data.config.clone().unwrap_or_default()
-    }
-
-    pub(crate) fn check_task(&self, task: u32, call: UnknownTaskIn) -> Result<(), DomainError> {
-        if (task as usize) < self.data.tasks.len() {
-            Ok(())
-        } else {
-            Err(errors::unknown_task(call, &task.to_string()))
-        }
-    }
-
-    pub(crate) fn entry(&self, task: u32) -> &TaskEntry {
-        &self.data.tasks[task as usize]
-    }
-
-    pub(crate) fn entry_mut(&mut self, task: u32) -> &mut TaskEntry {
-        &mut self.data.tasks[task as usize]
-    }
-}
-
-/// Every task index a snapshot stores names a task of its configuration,
-/// and every set the code searches is sorted without repeats: a snapshot
-/// that breaks either is refused on install, not met by a panic on the
-/// next apply.
-fn check_task_references(d: &StateData) -> Result<(), SnapshotError> {
-    let n = d.tasks.len() as u32;
-    let bad = |what: String| Err(SnapshotError(what));
-    let sorted_unique = |v: &[u32]| v.windows(2).all(|w| w[0] < w[1]);
-    for (id, b) in &d.barriers {
-        let mut inst = Some(b);
-        while let Some(b) = inst {
-            if b.participants.iter().any(|&t| t >= n) || !sorted_unique(&b.participants) {
-                return bad(format!("barrier {id}::{}: bad participant set", b.counter));
-            }
-            if b.arrivals.keys().any(|&t| t >= n) || b.initiating_task >= n {
-                return bad(format!("barrier {id}::{}: unknown task", b.counter));
-            }
-            inst = b.previous.as_deref();
-        }
-    }
-    for (key, r) in &d.alive_rounds {
-        let results_ok = r.results.iter().all(|x| x.tasks.iter().all(|&t| t < n));
-        if r.tasks.iter().any(|&t| t >= n)
-            || !sorted_unique(&r.tasks)
-            || r.callers.keys().any(|&t| t >= n)
-            || !results_ok
-        {
-            return bad(format!("GetAliveTasks round {key}: unknown task"));
-        }
-    }
-    let errors = d
-        .tasks
-        .iter()
-        .flat_map(|t| [&t.error, &t.poll_result, &t.notice])
-        .chain([&d.propagated_error])
-        .flatten();
-    for e in errors {
-        if e.source_task.is_some_and(|t| t >= n) {
-            return bad("an error names an unknown source task".into());
-        }
-    }
-    Ok(())
 }
 
 /// A configuration must name each job once and hold at most [`MAX_TASKS`].
@@ -560,9 +509,4 @@ fn check_config(c: &ClusterConfig) -> Result<(), DomainError> {
         }
     }
     Ok(())
-}
-
-/// `/job:NAME/replica:0/task:ID`, the TensorFlow spelling of a task.
-pub fn task_name(job: &str, id: i32) -> String {
-    format!("/job:{job}/replica:0/task:{id}")
 }

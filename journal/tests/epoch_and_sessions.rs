@@ -2,11 +2,15 @@
 mod common;
 use common::*;
 use journal::pb::{update::Command, ClusterConfig, JobSpec, ResetJobEpoch};
-use journal::{errors, Code, State, TaskStatus, Update, REGISTER_BARRIER};
+use journal::{
+    coordination::{TaskStatus, REGISTER_BARRIER},
+    errors, Code, State, Update,
+};
 
 /// Everything a retry must not change (the replicated semantic state).
 fn semantic(s: &State) -> String {
     let kv: Vec<(String, Vec<u8>, u64, u64)> = s
+        .coordination()
         .kv_all()
         .map(|(k, e)| {
             (
@@ -17,15 +21,19 @@ fn semantic(s: &State) -> String {
             )
         })
         .collect();
-    let barriers: Vec<String> = s.barriers().map(|(id, b)| format!("{id}={b:?}")).collect();
+    let barriers: Vec<String> = s
+        .coordination()
+        .barriers()
+        .map(|(id, b)| format!("{id}={b:?}"))
+        .collect();
     let tasks: Vec<String> = (0..s.task_count())
-        .map(|t| format!("{:?}", s.task(t)))
+        .map(|t| format!("{:?}", s.coordination().task(t)))
         .collect();
     format!(
         "{kv:?}|{barriers:?}|{tasks:?}|{}|{}|{:?}|{}",
-        s.tasks_version(),
-        s.kv_revision(),
-        s.propagated_error(),
+        s.coordination().tasks_version(),
+        s.coordination().kv_revision(),
+        s.coordination().propagated_error(),
         s.service_incarnation()
     )
 }
@@ -35,7 +43,7 @@ fn init_service_keeps_first_incarnation_and_rejects_other_config() {
     let mut s = new_state(2, &Opts::default());
     let out = apply(&mut s, init(config(2, &Opts::default()), 0xBAD), 5);
     ok(&out);
-    assert_eq!(out.incarnation, SVC_INC);
+    assert_eq!(out.service_incarnation(), Some(SVC_INC));
     assert_eq!(s.service_incarnation(), SVC_INC);
     let e = err(
         &apply(&mut s, init(config(3, &Opts::default()), 0xBAD), 6),
@@ -68,29 +76,36 @@ fn job_epoch_reset_clears_everything_and_draws_new_incarnation() {
     ok(&apply(&mut s, insert("k", "v", false), 1600));
     let bc = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 1700));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 1800));
-    assert!(s.propagated_error().is_some());
-    let v = s.tasks_version();
+    assert!(s.coordination().propagated_error().is_some());
+    let v = s.coordination().tasks_version();
 
     let out = apply(&mut s, reset_epoch(0xE90C, None), 5000);
     ok(&out);
-    assert_eq!(out.incarnation, 0xE90C);
+    assert_eq!(out.service_incarnation(), Some(0xE90C));
     assert_eq!(s.service_incarnation(), 0xE90C);
     assert_eq!(s.epoch(), 1);
-    assert_eq!(s.kv_len(), 0);
-    assert_eq!(s.barriers().count(), 0);
-    assert!(s.propagated_error().is_none());
+    assert_eq!(s.coordination().kv_len(), 0);
+    assert_eq!(s.coordination().barriers().count(), 0);
+    assert!(s.coordination().propagated_error().is_none());
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
-    assert!(s.tasks_version() > v, "watchers see the reset");
+    assert!(
+        s.coordination().tasks_version() > v,
+        "watchers see the reset"
+    );
     // A parked barrier of the previous epoch is told so.
-    let e = s.barrier_result("b", 0, bc).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .barrier_result("b", 0, bc)
+        .unwrap()
+        .unwrap_err();
     assert_eq!(e, errors::epoch_reset());
     code_is(&e, Code::Aborted);
     // The new job registers through a fresh registration barrier.
     parked(&apply(&mut s, register(0, 1), 6000));
-    assert!(s.barrier(REGISTER_BARRIER).is_some());
+    assert!(s.coordination().barrier(REGISTER_BARRIER).is_some());
     parked(&apply(&mut s, register(1, 2), 6000));
     let last = apply(&mut s, register(2, 3), 6000);
-    assert_eq!(last.incarnation, 0xE90C);
+    assert_eq!(last.registered(), Some(0xE90C));
     // Nobody has polled in the new epoch: an error sets everyone to ERROR.
     ok(&apply(&mut s, report(2, Code::Internal, "y"), 7000));
     assert_eq!(statuses(&s), vec![TaskStatus::Error; 3]);
@@ -113,12 +128,12 @@ fn job_epoch_reset_may_install_a_new_config() {
 fn retried_update_returns_recorded_outcome_and_changes_nothing() {
     let mut s = cluster(2, Opts::default());
     let first = apply_from(&mut s, 7, 1, incr("n", 5), 2000);
-    assert_eq!(first.value, 5);
+    assert_eq!(first.incremented().unwrap(), 5);
     let before = semantic(&s);
     let again = apply_from(&mut s, 7, 1, incr("n", 5), 2001);
     assert_eq!(again, first);
     assert_eq!(semantic(&s), before);
-    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"5");
+    assert_eq!(s.coordination().kv_get("n").unwrap().as_ref(), b"5");
 
     ok(&apply_from(&mut s, 7, 2, insert("k", "v", false), 2002));
     ok(&apply_from(&mut s, 7, 2, insert("k", "v", false), 2003));
@@ -153,15 +168,30 @@ fn retried_parked_call_returns_same_call_id() {
     assert_eq!(again, first);
     // Not a second arrival: the first call was not superseded.
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
-    assert_eq!(s.barrier_result("b", 0, id), Some(Ok(0)));
+    assert_eq!(s.coordination().barrier_result("b", 0, id), Some(Ok(0)));
 }
 
 #[test]
 fn sessions_of_different_clients_are_independent() {
     let mut s = State::new();
-    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
-    assert_eq!(apply_from(&mut s, 2, 1, incr("n", 1), 0).value, 2);
-    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
+    assert_eq!(
+        apply_from(&mut s, 1, 1, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        apply_from(&mut s, 2, 1, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        apply_from(&mut s, 1, 1, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        1
+    );
     assert_eq!(s.session_count(), 2);
 }
 
@@ -175,13 +205,28 @@ fn client_table_is_bounded_and_evicts_least_recently_used() {
     apply_from(&mut s, 1, 1, incr("n", 1), 0);
     apply_from(&mut s, 2, 1, incr("n", 1), 0);
     // Touch client 1 so that client 2 is the least recently used.
-    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
+    assert_eq!(
+        apply_from(&mut s, 1, 1, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        1
+    );
     apply_from(&mut s, 3, 1, incr("n", 1), 0);
     assert_eq!(s.session_count(), 2);
-    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"3");
+    assert_eq!(s.coordination().kv_get("n").unwrap().as_ref(), b"3");
     // Client 1 is still remembered, client 2 was forgotten (applies again).
-    assert_eq!(apply_from(&mut s, 1, 1, incr("n", 1), 0).value, 1);
-    assert_eq!(apply_from(&mut s, 2, 1, incr("n", 1), 0).value, 4);
+    assert_eq!(
+        apply_from(&mut s, 1, 1, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        apply_from(&mut s, 2, 1, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        4
+    );
     assert!(s.session_count() <= 2);
 }
 
@@ -194,16 +239,28 @@ fn outcomes_per_client_are_bounded_and_retries_older_than_the_window_apply_again
     let mut s = new_state(1, &o);
     for seq in 1..=10 {
         assert_eq!(
-            apply_from(&mut s, 5, seq, incr("n", 1), 0).value,
+            apply_from(&mut s, 5, seq, incr("n", 1), 0)
+                .incremented()
+                .unwrap(),
             seq as i64
         );
     }
     // The newest 4 are replayed.
-    assert_eq!(apply_from(&mut s, 5, 7, incr("n", 1), 0).value, 7);
+    assert_eq!(
+        apply_from(&mut s, 5, 7, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        7
+    );
     // A retry older than the window is applied again (documented trade-off:
     // refusing it would fail calls that may never have been applied).
-    assert_eq!(apply_from(&mut s, 5, 2, incr("n", 1), 0).value, 11);
-    assert_eq!(s.kv_get("n").unwrap().as_ref(), b"11");
+    assert_eq!(
+        apply_from(&mut s, 5, 2, incr("n", 1), 0)
+            .incremented()
+            .unwrap(),
+        11
+    );
+    assert_eq!(s.coordination().kv_get("n").unwrap().as_ref(), b"11");
 }
 
 #[test]
@@ -290,8 +347,11 @@ fn a_command_naming_tasks_of_an_earlier_epoch_is_refused_without_change() {
         e.message
     );
     // Nothing changed but the applied counter and the clock.
-    assert_eq!(s.task(1), snapshot.task(1));
-    assert_eq!(s.propagated_error(), snapshot.propagated_error());
+    assert_eq!(s.coordination().task(1), snapshot.coordination().task(1));
+    assert_eq!(
+        s.coordination().propagated_error(),
+        snapshot.coordination().propagated_error()
+    );
     // The same command named in the current epoch applies (task 1 is not
     // connected in the new job: the ordinary answer).
     let current = s.apply(&Update {

@@ -7,7 +7,8 @@ use journal::{Code, State, DEFAULT_SESSION_HORIZON_MS, SESSION_SWEEP_EVERY};
 use proptest::prelude::*;
 
 fn counter(s: &State, key: &str) -> i64 {
-    s.kv_get(key)
+    s.coordination()
+        .kv_get(key)
         .map(|v| std::str::from_utf8(v).unwrap().parse().unwrap())
         .unwrap_or(0)
 }
@@ -44,7 +45,7 @@ proptest! {
         let mut s = new_state(1, &Opts::default());
         let done = if declared { 1 } else { 0 };
         let first = apply_done(&mut s, 7, 1, done, incr("mine", 1), 1_000);
-        prop_assert_eq!(first.value, 1);
+        prop_assert_eq!(first.incremented().unwrap(), 1);
         // Everything else happens within the horizon.
         other_traffic(&mut s, volume, lanes, free, 1_000, DEFAULT_SESSION_HORIZON_MS - 10);
         let again = apply_done(&mut s, 7, 1, done, incr("mine", 1), DEFAULT_SESSION_HORIZON_MS);
@@ -57,25 +58,55 @@ proptest! {
 #[test]
 fn a_late_copy_of_a_request_declared_done_is_refused_and_not_applied() {
     let mut s = new_state(1, &Opts::default());
-    assert_eq!(apply_done(&mut s, 7, 1, 1, incr("n", 1), 10).value, 1);
+    assert_eq!(
+        apply_done(&mut s, 7, 1, 1, incr("n", 1), 10)
+            .incremented()
+            .unwrap(),
+        1
+    );
     // The client moved on: seq 2 declares seq 1 done.
-    assert_eq!(apply_done(&mut s, 7, 2, 2, incr("n", 1), 20).value, 2);
+    assert_eq!(
+        apply_done(&mut s, 7, 2, 2, incr("n", 1), 20)
+            .incremented()
+            .unwrap(),
+        2
+    );
     // A copy of seq 1 still travelling (a retry the sender gave up on).
     let late = apply_done(&mut s, 7, 1, 1, incr("n", 1), 30);
     let e = err(&late, Code::Aborted);
     contains(&e, "7:1 was already answered or given up");
     assert_eq!(counter(&s, "n"), 2);
     // Seq 2 itself is still replayed.
-    assert_eq!(apply_done(&mut s, 7, 2, 2, incr("n", 1), 40).value, 2);
+    assert_eq!(
+        apply_done(&mut s, 7, 2, 2, incr("n", 1), 40)
+            .incremented()
+            .unwrap(),
+        2
+    );
 }
 
 #[test]
 fn a_request_cannot_declare_itself_done() {
     let mut s = new_state(1, &Opts::default());
     // done_below beyond its own seq counts only up to its seq.
-    assert_eq!(apply_done(&mut s, 7, 3, 9, incr("n", 1), 10).value, 1);
-    assert_eq!(apply_done(&mut s, 7, 3, 9, incr("n", 1), 20).value, 1);
-    assert_eq!(apply_done(&mut s, 7, 4, 4, incr("n", 1), 30).value, 2);
+    assert_eq!(
+        apply_done(&mut s, 7, 3, 9, incr("n", 1), 10)
+            .incremented()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        apply_done(&mut s, 7, 3, 9, incr("n", 1), 20)
+            .incremented()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        apply_done(&mut s, 7, 4, 4, incr("n", 1), 30)
+            .incremented()
+            .unwrap(),
+        2
+    );
 }
 
 #[test]
@@ -101,7 +132,12 @@ fn a_client_unheard_of_for_the_horizon_is_forgotten() {
         ..Default::default()
     };
     let mut s = new_state(1, &o);
-    assert_eq!(apply_done(&mut s, 7, 1, 1, incr("n", 1), 1_000).value, 1);
+    assert_eq!(
+        apply_done(&mut s, 7, 1, 1, incr("n", 1), 1_000)
+            .incremented()
+            .unwrap(),
+        1
+    );
     // Past the horizon, the next sweep forgets client 7 (and keeps the
     // clients heard of since).
     other_traffic(&mut s, SESSION_SWEEP_EVERY, 4, 0, 62_000, 10);
@@ -122,7 +158,12 @@ fn the_table_survives_a_snapshot() {
     let mut r = State::decode_snapshot(&s.encode_snapshot()).unwrap();
     assert_eq!(r.digest(), s.digest());
     // Replayed and refused exactly as before the snapshot.
-    assert_eq!(apply_done(&mut r, 7, 2, 2, incr("n", 1), 30).value, 2);
+    assert_eq!(
+        apply_done(&mut r, 7, 2, 2, incr("n", 1), 30)
+            .incremented()
+            .unwrap(),
+        2
+    );
     err(
         &apply_done(&mut r, 7, 1, 1, incr("n", 1), 30),
         Code::Aborted,

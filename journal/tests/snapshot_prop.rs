@@ -25,12 +25,20 @@ fn snapshot_roundtrip_keeps_state_and_digest() {
     assert_eq!(r, s);
     assert_eq!(r.digest(), s.digest());
     assert_eq!(r.digest_hex().len(), 64);
-    assert_eq!(r.kv_get("a/b").unwrap().as_ref(), b"1");
-    assert_eq!(r.propagated_error(), s.propagated_error());
+    assert_eq!(r.coordination().kv_get("a/b").unwrap().as_ref(), b"1");
+    assert_eq!(
+        r.coordination().propagated_error(),
+        s.coordination().propagated_error()
+    );
     // The restored session table still de-duplicates.
     let mut r = r;
-    assert_eq!(apply_from(&mut r, 1, 1, incr("n", 2), 3000).value, 2);
-    assert_eq!(r.kv_get("n").unwrap().as_ref(), b"2");
+    assert_eq!(
+        apply_from(&mut r, 1, 1, incr("n", 2), 3000)
+            .incremented()
+            .unwrap(),
+        2
+    );
+    assert_eq!(r.coordination().kv_get("n").unwrap().as_ref(), b"2");
 }
 
 #[test]
@@ -50,7 +58,7 @@ fn garbage_snapshot_is_rejected() {
 fn snapshot_with_inconsistent_task_count_is_rejected() {
     let s = cluster(3, Opts::default());
     let mut d = pb::StateData::decode(s.encode_snapshot().as_slice()).unwrap();
-    d.tasks.pop();
+    d.coordination.as_mut().unwrap().tasks.pop();
     let e = State::decode_snapshot(&d.encode_to_vec()).unwrap_err();
     assert!(
         e.to_string()
@@ -87,7 +95,7 @@ fn command() -> impl Strategy<Value = Command> {
             .prop_map(|(b, c, p, t)| arrive(b, c, 2000, &p, t)),
         1 => (bid.clone(), 0i64..3, task.clone()).prop_map(|(b, c, t)| cancel(b, c, t)),
         1 => (bid, 0i64..3).prop_map(|(b, c)| expire(b, c)),
-        1 => Just(expire(journal::REGISTER_BARRIER, 0)),
+        1 => Just(expire(journal::coordination::REGISTER_BARRIER, 0)),
         1 => (task.clone(), subset).prop_map(|(t, p)| alive(t, &p)),
         1 => (task, prop::collection::vec(any::<u8>(), 0..4)).prop_map(|(t, d)| wait_all(t, &d)),
         1 => (1u64..3).prop_map(|i| reset_epoch(0xABC0 + i, None)),
@@ -171,9 +179,9 @@ proptest! {
 #[test]
 fn a_snapshot_naming_unknown_tasks_is_refused_on_install() {
     let good = busy_state().encode_snapshot();
-    let tamper = |f: &dyn Fn(&mut pb::StateData)| {
+    let tamper = |f: &dyn Fn(&mut pb::coordination::Data)| {
         let mut d = pb::StateData::decode(good.as_slice()).unwrap();
-        f(&mut d);
+        f(d.coordination.as_mut().unwrap());
         State::decode_snapshot(&d.encode_to_vec())
     };
     assert!(tamper(&|_| {}).is_ok());
@@ -201,11 +209,10 @@ fn a_snapshot_naming_unknown_tasks_is_refused_on_install() {
     })
     .unwrap_err();
     assert!(e.to_string().contains("unknown source task"), "{e}");
-    let e = tamper(&|d| {
-        let c = d.config.as_mut().unwrap();
-        c.jobs.push(c.jobs[0].clone());
-    })
-    .unwrap_err();
+    let mut d = pb::StateData::decode(good.as_slice()).unwrap();
+    let c = d.config.as_mut().unwrap();
+    c.jobs.push(c.jobs[0].clone());
+    let e = State::decode_snapshot(&d.encode_to_vec()).unwrap_err();
     assert!(
         e.to_string().contains("listed twice") || e.to_string().contains("tasks stored"),
         "{e}"

@@ -5,8 +5,11 @@
 
 use std::pin::Pin;
 
-use journal::errors::{unknown_task, UnknownTaskIn as U};
-use journal::{normalize_key, task_name, TaskStatus};
+use journal::coordination::errors::{unknown_task, UnknownTaskIn as U};
+use journal::{
+    coordination::{normalize_key, TaskStatus},
+    task_name,
+};
 use proto::coordstore::agent_server::{Agent, AgentServer};
 use proto::coordstore::{
     AgentPollRequest, AgentPollResponse, PutKeyValueRequest, PutKeyValueResponse, TaskRef,
@@ -112,7 +115,7 @@ impl Agent for AgentApi {
         self.coord.core().linearizable().await?;
         let state = self.coord.core().node().state().clone();
         let mut last = if r.start_revision == 0 {
-            state.read(|s| s.kv_revision())
+            state.read(|s| s.coordination().kv_revision())
         } else {
             r.start_revision
         };
@@ -130,7 +133,7 @@ impl Agent for AgentApi {
             loop {
                 applied.borrow_and_update();
                 // Collect what happened after `last` (bounded batches).
-                let batch = state.read(|s| match s.kv_events_after(last) {
+                let batch = state.read(|s| match s.coordination().kv_events_after(last) {
                     Err(c) => Err(c.revision),
                     Ok(events) => {
                         let mut out = Vec::new();
@@ -149,7 +152,7 @@ impl Agent for AgentApi {
                                 });
                             }
                         }
-                        Ok((out, upto, upto < s.kv_revision()))
+                        Ok((out, upto, upto < s.coordination().kv_revision()))
                     }
                 });
                 match batch {

@@ -342,7 +342,7 @@ impl ServeOptions {
                 .unwrap_or(journal::DEFAULT_SESSION_HORIZON_MS),
             watch_history_bytes: self
                 .watch_history_bytes
-                .unwrap_or(journal::DEFAULT_WATCH_HISTORY_BYTES),
+                .unwrap_or(journal::coordination::DEFAULT_WATCH_HISTORY_BYTES),
             notify_tasks: self.notify_tasks.unwrap_or(tf_jobs),
         };
         let mut raft = raft::RaftSettings::default();

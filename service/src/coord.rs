@@ -10,11 +10,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use journal::pb::{
-    update::Command, AliveTasks as AliveCmd, BarrierArrive, BarrierCancel, Code, KvDelete,
-    KvIncrement, KvInsert, Origin, PollForError, RegisterTask, ReportError, ResetTask,
-    ShutdownTask, TaskEntry, WaitForAllTasks,
+    coordination::{
+        AliveTasks as AliveCmd, BarrierArrive, BarrierCancel, KvDelete, KvIncrement, KvInsert,
+        PollForError, RegisterTask, ReportError, ResetTask, ShutdownTask, TaskEntry,
+        WaitForAllTasks,
+    },
+    update::Command,
+    Code, Origin,
 };
-use journal::{errors, AliveTasks, DomainError, HeartbeatCheck, Outcome, State, Update};
+use journal::{
+    coordination::{AliveTasks, HeartbeatCheck},
+    errors, DomainError, Outcome, State, Update,
+};
 use raft::Applied;
 use tonic::Status;
 
@@ -262,17 +269,19 @@ impl Coordination {
         recoverable: bool,
     ) -> CallResult<u64> {
         let (applied, out) = self
-            .propose(Command::RegisterTask(RegisterTask {
+            .propose(Command::from(RegisterTask {
                 task,
                 incarnation,
                 recoverable,
             }))
             .await?;
         let inc = if out.parked {
-            self.wait(&applied, |s| s.registration_result(task, incarnation))
-                .await?
+            self.wait(&applied, |s| {
+                s.coordination().registration_result(task, incarnation)
+            })
+            .await?
         } else {
-            out.incarnation
+            reply(out.registered(), "RegisterTask")?
         };
         // A (re)registration counts as a heartbeat for the leader's liveness.
         let _ = self.core.heartbeat(task, incarnation, true).await;
@@ -302,7 +311,9 @@ impl Coordination {
         }
         let accepted = self.core.leader_heard_recently()
             && matches!(
-                self.read(|s| s.heartbeat_check(task, incarnation, now_ms())),
+                self.read(|s| s
+                    .coordination()
+                    .heartbeat_check(task, incarnation, now_ms())),
                 HeartbeatCheck::Accept | HeartbeatCheck::Ignore
             );
         if !accepted {
@@ -322,25 +333,26 @@ impl Coordination {
     /// the task declares itself recoverable).
     pub async fn shutdown(&self, task: u32, recoverable: bool) -> CallResult<()> {
         let (applied, out) = self
-            .propose(Command::ShutdownTask(ShutdownTask { task, recoverable }))
+            .propose(Command::from(ShutdownTask { task, recoverable }))
             .await?;
         if out.parked {
             let call = out.call_id;
-            self.wait(&applied, |s| s.shutdown_result(call)).await?;
+            self.wait(&applied, |s| s.coordination().shutdown_result(call))
+                .await?;
         }
         Ok(())
     }
 
     /// ResetTask (TensorFlow dialect).
     pub async fn reset(&self, task: u32) -> CallResult<()> {
-        self.propose(Command::ResetTask(ResetTask { task })).await?;
+        self.propose(Command::from(ResetTask { task })).await?;
         Ok(())
     }
 
     /// ReportErrorToService.
     pub async fn report_error(&self, task: u32, code: i32, message: String) -> CallResult<()> {
         let code = Code::try_from(code).unwrap_or(Code::Unknown);
-        self.propose(Command::ReportError(ReportError {
+        self.propose(Command::from(ReportError {
             task,
             code: code as i32,
             message,
@@ -352,16 +364,15 @@ impl Coordination {
     /// PollForError: ends only with an error (the propagated one, or
     /// CANCELLED on disconnect / a newer poll).
     pub async fn poll_for_error(&self, task: u32) -> CallError {
-        let (applied, out) = match self
-            .propose(Command::PollForError(PollForError { task }))
-            .await
-        {
+        let (applied, out) = match self.propose(Command::from(PollForError { task })).await {
             Ok(v) => v,
             Err(e) => return e,
         };
         let call = out.call_id;
         match self
-            .wait(&applied, |s| s.poll_result(task, call).map(Err::<(), _>))
+            .wait(&applied, |s| {
+                s.coordination().poll_result(task, call).map(Err::<(), _>)
+            })
             .await
         {
             Ok(()) => CallError::Status(Status::internal("PollForError ended without an error")),
@@ -373,14 +384,14 @@ impl Coordination {
     /// the next change when `version` is the current one.
     pub async fn watch_tasks(&self, version: i64) -> CallResult<(Vec<TaskView>, i64)> {
         self.wait_read(|s| {
-            s.watch_tasks_ready(version).then(|| {
+            s.coordination().watch_tasks_ready(version).then(|| {
                 let views = (0..s.task_count())
                     .map(|i| TaskView {
                         index: i,
-                        entry: s.task(i).cloned().unwrap_or_default(),
+                        entry: s.coordination().task(i).cloned().unwrap_or_default(),
                     })
                     .collect();
-                Ok((views, s.tasks_version()))
+                Ok((views, s.coordination().tasks_version()))
             })
         })
         .await
@@ -392,7 +403,7 @@ impl Coordination {
         Ok(self.read(|s| {
             tasks
                 .iter()
-                .map(|&i| s.task(i).cloned().unwrap_or_default())
+                .map(|&i| s.coordination().task(i).cloned().unwrap_or_default())
                 .collect()
         }))
     }
@@ -404,7 +415,7 @@ impl Coordination {
         value: Bytes,
         allow_overwrite: bool,
     ) -> CallResult<()> {
-        self.propose(Command::KvInsert(KvInsert {
+        self.propose(Command::from(KvInsert {
             key,
             value,
             allow_overwrite,
@@ -424,15 +435,16 @@ impl Coordination {
     /// TryGetKeyValue: NOT_FOUND if absent.
     pub async fn kv_try_get(&self, key: &str) -> CallResult<Bytes> {
         self.core.linearizable().await?;
-        self.read(|s| s.kv_get(key).cloned())
-            .ok_or_else(|| CallError::Domain(errors::key_not_found(key)))
+        self.read(|s| s.coordination().kv_get(key).cloned())
+            .ok_or_else(|| CallError::Domain(journal::coordination::errors::key_not_found(key)))
     }
 
     /// GetKeyValueDir: entries under `dir`, stored (normalised) keys.
     pub async fn kv_dir(&self, dir: &str) -> CallResult<Vec<(String, Bytes)>> {
         self.core.linearizable().await?;
         Ok(self.read(|s| {
-            s.kv_dir(dir)
+            s.coordination()
+                .kv_dir(dir)
                 .into_iter()
                 .map(|(k, e)| (k.to_string(), e.value.clone()))
                 .collect()
@@ -442,14 +454,14 @@ impl Coordination {
     /// IncrementKeyValue: the new value.
     pub async fn kv_increment(&self, key: String, increment: i64) -> CallResult<i64> {
         let (_, out) = self
-            .propose(Command::KvIncrement(KvIncrement { key, increment }))
+            .propose(Command::from(KvIncrement { key, increment }))
             .await?;
-        Ok(out.value)
+        reply(out.incremented(), "IncrementKeyValue")
     }
 
     /// DeleteKeyValue (always recursive).
     pub async fn kv_delete(&self, key: String) -> CallResult<()> {
-        self.propose(Command::KvDelete(KvDelete { key })).await?;
+        self.propose(Command::from(KvDelete { key })).await?;
         Ok(())
     }
 
@@ -467,7 +479,7 @@ impl Coordination {
         recoverable: bool,
     ) -> CallResult<i64> {
         let (applied, out) = self
-            .propose(Command::BarrierArrive(BarrierArrive {
+            .propose(Command::from(BarrierArrive {
                 id: id.clone(),
                 counter,
                 timeout_ms,
@@ -477,18 +489,21 @@ impl Coordination {
                 recoverable,
             }))
             .await?;
+        let instance = reply(out.barrier_counter(), "Barrier")?;
         if !out.parked {
-            return Ok(out.value);
+            return Ok(instance);
         }
         // The waiter parks on the instance the call joined or opened.
-        let (call, instance) = (out.call_id, out.value);
-        self.wait(&applied, |s| s.barrier_result(&id, instance, call))
-            .await
+        let call = out.call_id;
+        self.wait(&applied, |s| {
+            s.coordination().barrier_result(&id, instance, call)
+        })
+        .await
     }
 
     /// CancelBarrier.
     pub async fn cancel_barrier(&self, id: String, counter: i64, task: u32) -> CallResult<()> {
-        self.propose(Command::BarrierCancel(BarrierCancel { id, counter, task }))
+        self.propose(Command::from(BarrierCancel { id, counter, task }))
             .await?;
         Ok(())
     }
@@ -496,14 +511,16 @@ impl Coordination {
     /// GetAliveTasks rendezvous.
     pub async fn alive_tasks(&self, task: u32, tasks: Vec<u32>) -> CallResult<AliveTasks> {
         let (applied, out) = self
-            .propose(Command::AliveTasks(AliveCmd {
+            .propose(Command::from(AliveCmd {
                 task,
                 tasks: tasks.clone(),
             }))
             .await?;
-        let generation = out.value as u64;
-        self.wait(&applied, |s| s.alive_result(&tasks, generation))
-            .await
+        let generation = reply(out.alive_generation(), "GetAliveTasks")?;
+        self.wait(&applied, |s| {
+            s.coordination().alive_result(&tasks, generation)
+        })
+        .await
     }
 
     /// WaitForAllTasks (TensorFlow dialect): every task's device info.
@@ -513,19 +530,27 @@ impl Coordination {
         device_info: Bytes,
     ) -> CallResult<Vec<Bytes>> {
         let (applied, out) = self
-            .propose(Command::WaitForAllTasks(WaitForAllTasks {
-                task,
-                device_info,
-            }))
+            .propose(Command::from(WaitForAllTasks { task, device_info }))
             .await?;
         // Answer from a state that has applied this call (and, when it
         // waits, the barrier's end): on a follower the call's own entry may
         // not be applied yet when the leader answers it.
         let call = out.call_id;
         self.wait(&applied, |s| {
-            s.wait_for_all_result(call)
-                .map(|r| r.map(|()| s.cluster_device_info()))
+            s.coordination()
+                .wait_for_all_result(call)
+                .map(|r| r.map(|()| s.coordination().cluster_device_info()))
         })
         .await
     }
+}
+
+/// The area's reply an outcome must carry; its absence is a bug between
+/// this service and the journal, not the caller's.
+fn reply<T>(value: Option<T>, call: &str) -> CallResult<T> {
+    value.ok_or_else(|| {
+        CallError::Status(Status::internal(format!(
+            "the journal answered {call} without its result"
+        )))
+    })
 }

@@ -328,7 +328,9 @@ impl Core {
     ) -> Result<Result<bytes::Bytes, DomainError>, Status> {
         self.wait_applied(log_index).await?;
         let state = self.node.state();
-        let wait = self.key_waiters.register(journal::normalize_key(key));
+        let wait = self
+            .key_waiters
+            .register(journal::coordination::normalize_key(key));
         let mut parked: Option<Parked<'_>> = None;
         loop {
             let woken = wait.notified();
@@ -336,7 +338,7 @@ impl Core {
                 if s.epoch() != epoch {
                     Some(Err(journal::errors::epoch_reset()))
                 } else {
-                    s.kv_get(key).map(|v| Ok(v.clone()))
+                    s.coordination().kv_get(key).map(|v| Ok(v.clone()))
                 }
             });
             if let Some(a) = answer {

@@ -2,8 +2,12 @@
 //! API (reads are linearizable; writes go through the leader) and prints JSON
 //! or plain values on stdout.
 
-use journal::pb::{update::Command, ClusterConfig, KvDelete, KvInsert, ResetJobEpoch};
-use journal::{State, TaskStatus, Update};
+use journal::pb::{
+    coordination::{KvDelete, KvInsert},
+    update::Command,
+    ClusterConfig, ResetJobEpoch,
+};
+use journal::{coordination::TaskStatus, State, Update};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::{KvGetRequest, KvListRequest, ProposeRequest, StateRequest, StatusRequest};
@@ -162,7 +166,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
         }) => {
             propose(
                 &mut c,
-                Command::KvInsert(KvInsert {
+                Command::from(KvInsert {
                     key,
                     value: value.into_bytes().into(),
                     allow_overwrite: !no_overwrite,
@@ -172,7 +176,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
             return Ok("OK".into());
         }
         CtlCommand::Kv(KvCommand::Delete { key }) => {
-            propose(&mut c, Command::KvDelete(KvDelete { key })).await?;
+            propose(&mut c, Command::from(KvDelete { key })).await?;
             return Ok("OK".into());
         }
         CtlCommand::Kv(KvCommand::Ls { prefix }) => {
@@ -190,7 +194,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
             let s = state(&mut c).await?;
             json!((0..s.task_count())
                 .map(|i| {
-                    let t = s.task(i).expect("index in range");
+                    let t = s.coordination().task(i).expect("index in range");
                     let (job, id) = s.task_id(i).expect("index in range");
                     json!({
                         "job": job,
@@ -209,6 +213,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
         CtlCommand::Barriers => {
             let s = state(&mut c).await?;
             json!(s
+                .coordination()
                 .barriers()
                 .map(|(id, b)| json!({
                     "id": id,
@@ -275,7 +280,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
                 }),
             )
             .await?;
-            json!({"service_incarnation": out.incarnation})
+            json!({"service_incarnation": out.service_incarnation()})
         }
     };
     Ok(serde_json::to_string_pretty(&out)?)

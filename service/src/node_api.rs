@@ -30,39 +30,23 @@ impl NodeApi {
 }
 
 /// An update proposed through the Node API (ctl, tools, and other nodes
-/// forwarding their clients' calls): only commands a client may issue (an
-/// allow-list: a command added later is refused until it is listed here),
-/// and the time is the leader's to stamp. Timer- and liveness-driven
+/// forwarding their clients' calls): only commands a client may issue (each
+/// area's allow-list, `journal::client_proposable`: a command added later is
+/// refused until it is listed there), and the time is the leader's to stamp. Timer- and liveness-driven
 /// commands (InitService, Heartbeat, TasksUnhealthy, BarrierExpire) belong
 /// to the leader runtime, which proposes them locally and never through
 /// this API. This holds whatever headers the request carries: a client can
 /// set `x-coordstore-forwarded` too, and forwarding nodes only ever forward
 /// client commands.
 fn check_external(u: &mut Update) -> Result<(), Status> {
-    use journal::pb::update::Command as C;
     match &u.command {
         None => return Err(Status::invalid_argument("the update has no command")),
-        Some(
-            C::ResetJobEpoch(_)
-            | C::RegisterTask(_)
-            | C::ReportError(_)
-            | C::PollForError(_)
-            | C::ShutdownTask(_)
-            | C::ResetTask(_)
-            | C::KvInsert(_)
-            | C::KvDelete(_)
-            | C::KvIncrement(_)
-            | C::BarrierArrive(_)
-            | C::BarrierCancel(_)
-            | C::AliveTasks(_)
-            | C::WaitForAllTasks(_)
-            | C::Noop(_),
-        ) => {}
-        Some(C::InitService(_) | C::Heartbeat(_) | C::TasksUnhealthy(_) | C::BarrierExpire(_)) => {
+        Some(c) if !journal::client_proposable(c) => {
             return Err(Status::permission_denied(
                 "this command is proposed by the leader runtime only",
             ))
         }
+        Some(_) => {}
     }
     u.at_ms = 0;
     Ok(())
@@ -139,15 +123,17 @@ impl Node for NodeApi {
                 || async {
                     core.read_barrier().await?;
                     let node = core.node();
-                    let mut reply = node.state().read(|s| match s.kv_entry(&key) {
-                        Some(e) => KvGetResponse {
-                            found: true,
-                            value: e.value.clone(),
-                            mod_revision: e.mod_revision,
-                            ..Default::default()
-                        },
-                        None => KvGetResponse::default(),
-                    });
+                    let mut reply = node
+                        .state()
+                        .read(|s| match s.coordination().kv_entry(&key) {
+                            Some(e) => KvGetResponse {
+                                found: true,
+                                value: e.value.clone(),
+                                mod_revision: e.mod_revision,
+                                ..Default::default()
+                            },
+                            None => KvGetResponse::default(),
+                        });
                     reply.served_by = node.id();
                     reply.term = node.metrics().current_term;
                     reply.applied_index = core.applied_index();
@@ -176,19 +162,24 @@ impl Node for NodeApi {
                 || async {
                     core.read_barrier().await?;
                     Ok(core.node().state().read(|s| {
-                        let pair = |(k, e): (&str, &journal::pb::KvRecord)| KvPair {
+                        let pair = |(k, e): (&str, &journal::pb::coordination::KvRecord)| KvPair {
                             key: k.to_string(),
                             value: e.value.clone(),
                         };
                         let take = if limit == 0 { usize::MAX } else { limit };
-                        let entries = if journal::normalize_key(&prefix).is_empty() {
-                            s.kv_all().take(take).map(pair).collect()
+                        let entries = if journal::coordination::normalize_key(&prefix).is_empty() {
+                            s.coordination().kv_all().take(take).map(pair).collect()
                         } else {
-                            s.kv_dir(&prefix).into_iter().take(take).map(pair).collect()
+                            s.coordination()
+                                .kv_dir(&prefix)
+                                .into_iter()
+                                .take(take)
+                                .map(pair)
+                                .collect()
                         };
                         KvListResponse {
                             entries,
-                            revision: s.kv_revision(),
+                            revision: s.coordination().kv_revision(),
                         }
                     }))
                 },

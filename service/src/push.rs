@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use journal::{DomainError, State, TaskStatus};
+use journal::{coordination::TaskStatus, DomainError, State};
 use proto::tf::coordination_service_client::CoordinationServiceClient;
 use proto::tf::{CoordinatedTask, CoordinationServiceError, ReportErrorToTaskRequest};
 
@@ -74,7 +74,9 @@ impl ErrorPusher {
         let mut pushed = self.pushed();
         let mut todo = Vec::new();
         for i in 0..state.task_count() {
-            let Some(t) = state.task(i) else { continue };
+            let Some(t) = state.coordination().task(i) else {
+                continue;
+            };
             let Some(notice) = t.notice.as_ref() else {
                 continue;
             };

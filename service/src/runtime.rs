@@ -9,8 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use journal::pb::{update::Command, BarrierExpire, Heartbeat, TasksUnhealthy};
-use journal::{DomainError, HeartbeatCheck, Update};
+use journal::pb::{
+    coordination::{BarrierExpire, Heartbeat, TasksUnhealthy},
+    update::Command,
+};
+use journal::{coordination::HeartbeatCheck, DomainError, Update};
 use raft::Role;
 
 use crate::core::{now_ms, Core, Retry};
@@ -64,9 +67,10 @@ impl LeaderRuntime {
             ));
         }
         let check = |core: &Core| {
-            core.node()
-                .state()
-                .read(|s| s.heartbeat_check(task, incarnation, now_ms()))
+            core.node().state().read(|s| {
+                s.coordination()
+                    .heartbeat_check(task, incarnation, now_ms())
+            })
         };
         let mut verdict = check(core);
         if matches!(
@@ -88,7 +92,7 @@ impl LeaderRuntime {
             HeartbeatCheck::Reject(e) => Err(e),
             HeartbeatCheck::Mismatch(e) => {
                 let update = Update {
-                    command: Some(Command::Heartbeat(Heartbeat { task, incarnation })),
+                    command: Some(Command::from(Heartbeat { task, incarnation })),
                     ..Default::default()
                 };
                 match core.propose(update, false).await {
@@ -122,7 +126,10 @@ impl LeaderRuntime {
             if led_term != Some(term) {
                 // Takeover: everyone connected counts as seen now.
                 let now = Instant::now();
-                let connected = core.node().state().read(|s| s.connected_tasks());
+                let connected = core
+                    .node()
+                    .state()
+                    .read(|s| s.coordination().connected_tasks());
                 let mut seen = self.seen();
                 seen.clear();
                 for (task, _) in connected {
@@ -142,9 +149,9 @@ impl LeaderRuntime {
     async fn fire_timers(&self, core: &Core) {
         let (connected, timeout_ms, deadlines) = core.node().state().read(|s| {
             (
-                s.connected_tasks(),
+                s.coordination().connected_tasks(),
                 s.config().map_or(0, |c| c.heartbeat_timeout_ms),
-                s.pending_barrier_deadlines(),
+                s.coordination().pending_barrier_deadlines(),
             )
         });
         let now = Instant::now();
@@ -162,17 +169,14 @@ impl LeaderRuntime {
         };
         if !stale.is_empty() {
             tracing::warn!(?stale, "tasks stopped sending heartbeats");
-            self.propose(
-                core,
-                Command::TasksUnhealthy(TasksUnhealthy { tasks: stale }),
-            )
-            .await;
+            self.propose(core, Command::from(TasksUnhealthy { tasks: stale }))
+                .await;
         }
         let now_ms = now_ms();
         for d in deadlines.into_iter().filter(|d| d.deadline_ms <= now_ms) {
             self.propose(
                 core,
-                Command::BarrierExpire(BarrierExpire {
+                Command::from(BarrierExpire {
                     id: d.id,
                     counter: d.counter,
                 }),

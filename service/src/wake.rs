@@ -108,7 +108,7 @@ impl KeyWaiters {
 pub async fn run_key_wakeups(core: Arc<Core>) {
     let state = core.node().state();
     let mut rx = state.subscribe();
-    let (mut revision, mut epoch) = state.read(|s| (s.kv_revision(), s.epoch()));
+    let (mut revision, mut epoch) = state.read(|s| (s.coordination().kv_revision(), s.epoch()));
     loop {
         if rx.changed().await.is_err() {
             core.key_waiters().closed.store(true, Ordering::Relaxed);
@@ -118,11 +118,11 @@ pub async fn run_key_wakeups(core: Arc<Core>) {
         rx.borrow_and_update();
         let waiters = core.key_waiters();
         if waiters.waited_keys() == 0 {
-            (revision, epoch) = state.read(|s| (s.kv_revision(), s.epoch()));
+            (revision, epoch) = state.read(|s| (s.coordination().kv_revision(), s.epoch()));
             continue;
         }
         let (changed, now_revision, now_epoch) = state.read(|s| {
-            let changed = match s.kv_events_after(revision) {
+            let changed = match s.coordination().kv_events_after(revision) {
                 Ok(events) => Some(
                     events
                         .iter()
@@ -132,7 +132,7 @@ pub async fn run_key_wakeups(core: Arc<Core>) {
                 ),
                 Err(_) => None,
             };
-            (changed, s.kv_revision(), s.epoch())
+            (changed, s.coordination().kv_revision(), s.epoch())
         });
         match changed {
             Some(keys) if now_epoch == epoch => {

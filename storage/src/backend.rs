@@ -87,6 +87,10 @@ impl OpenError {
 }
 
 const IDENTITY_KEY: &str = "identity";
+/// The journal format the log and snapshots are encoded in
+/// ([`journal::FORMAT_VERSION`]); absent in dirs written before it was
+/// recorded (format 1).
+const FORMAT_KEY: &str = "journal_format";
 
 /// sled: one database per node, trees `log` (big-endian u64 keys) and `meta`.
 pub struct SledBackend {
@@ -266,6 +270,23 @@ impl SledBackend {
                         ),
                     ));
                 }
+                let format = match self.meta_get(FORMAT_KEY).map_err(io)? {
+                    None => 1,
+                    Some(raw) => String::from_utf8(raw)
+                        .ok()
+                        .and_then(|s| s.parse::<u32>().ok())
+                        .ok_or_else(|| OpenError::new(dir, "the format record is corrupted"))?,
+                };
+                if format != journal::FORMAT_VERSION {
+                    return Err(OpenError::new(
+                        dir,
+                        format!(
+                            "it holds journal format {format}, and this coordstore reads format {}; \
+                             start the node on an empty data dir so it catches up from its peers",
+                            journal::FORMAT_VERSION
+                        ),
+                    ));
+                }
                 Ok(())
             }
             None => {
@@ -276,6 +297,9 @@ impl SledBackend {
                         "it holds a database without an identity record (not written by coordstore)",
                     ));
                 }
+                let format = journal::FORMAT_VERSION.to_string();
+                self.meta_put(FORMAT_KEY, format.as_bytes(), false)
+                    .map_err(|e| OpenError::new(dir, format!("cannot write identity: {e}")))?;
                 let record = format!("{}@{}", want.node_id, want.cluster_id);
                 self.meta_put(IDENTITY_KEY, record.as_bytes(), true)
                     .map_err(|e| OpenError::new(dir, format!("cannot write identity: {e}")))

@@ -5,7 +5,7 @@
 use std::io::Cursor;
 use std::path::Path;
 
-use journal::pb::{update::Command, KvInsert, UpdateBatch};
+use journal::pb::{coordination::KvInsert, update::Command, UpdateBatch};
 use journal::Update;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder};
@@ -28,7 +28,7 @@ fn open_err(dir: &Path, identity: &Identity) -> String {
 
 fn kv_entry(index: u64, key: &str) -> Entry {
     let u = Update {
-        command: Some(Command::KvInsert(KvInsert {
+        command: Some(Command::from(KvInsert {
             key: key.into(),
             value: "v".into(),
             allow_overwrite: true,
@@ -48,6 +48,40 @@ fn another_nodes_dir_is_refused() {
     let err = open_err(dir.path(), &id("c1", 2));
     assert!(err.contains(&dir.path().display().to_string()), "{err}");
     assert!(err.contains("belongs to node 1 of cluster 'c1'"), "{err}");
+}
+
+#[test]
+fn a_dir_of_another_journal_format_is_refused() {
+    let dir = TempDir::new().unwrap();
+    drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
+    // A dir written before the format was recorded (format 1).
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        assert!(meta.remove("journal_format").unwrap().is_some());
+        db.flush().unwrap();
+    }
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    assert!(
+        err.contains(&format!(
+            "journal format 1, and this coordstore reads format {}",
+            journal::FORMAT_VERSION
+        )),
+        "{err}"
+    );
+    // Its own format reopens.
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert(
+            "journal_format",
+            journal::FORMAT_VERSION.to_string().as_bytes(),
+        )
+        .unwrap();
+        db.flush().unwrap();
+    }
+    drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
 }
 
 #[test]
@@ -187,7 +221,9 @@ async fn a_legacy_snapshot_record_loads_and_gives_way_to_the_next_snapshot() {
     let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
     let (applied, _) = sm.applied_state().await.unwrap();
     assert_eq!(applied.unwrap().index, 10);
-    assert!(sm.handle().read(|s| s.kv_get("k10").is_some()));
+    assert!(sm
+        .handle()
+        .read(|s| s.coordination().kv_get("k10").is_some()));
     // The next snapshot goes to its own file and the record is dropped.
     sm.get_snapshot_builder()
         .await
@@ -229,12 +265,17 @@ async fn state_is_rebuilt_from_snapshot_plus_log() {
     assert_eq!(rest.len(), 10);
     sm.apply(rest).await.unwrap();
     assert_eq!(sm.handle().digest_hex(), digest);
-    assert!(sm.handle().read(|s| s.kv_get("k20").is_some()));
+    assert!(sm
+        .handle()
+        .read(|s| s.coordination().kv_get("k20").is_some()));
     let snap = sm.get_current_snapshot().await.unwrap().unwrap();
     let restored =
         journal::State::decode_snapshot(&Cursor::new(snap.snapshot.into_inner()).into_inner())
             .unwrap();
-    assert!(restored.kv_get("k10").is_some() && restored.kv_get("k11").is_none());
+    assert!(
+        restored.coordination().kv_get("k10").is_some()
+            && restored.coordination().kv_get("k11").is_none()
+    );
 }
 
 #[tokio::test]
@@ -248,7 +289,7 @@ async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
     // ... while a snapshot at index 500 arrives from the leader.
     let mut leader_state = journal::State::new();
     let u = Update {
-        command: Some(Command::KvInsert(KvInsert {
+        command: Some(Command::from(KvInsert {
             key: "from-leader".into(),
             value: "x".into(),
             allow_overwrite: false,
@@ -272,7 +313,9 @@ async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
     let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
     let (applied, _) = sm.applied_state().await.unwrap();
     assert_eq!(applied.unwrap().index, 500);
-    assert!(sm.handle().read(|s| s.kv_get("from-leader").is_some()));
+    assert!(sm
+        .handle()
+        .read(|s| s.coordination().kv_get("from-leader").is_some()));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use journal::pb::{update::Command as Cmd, KvInsert, Origin};
+use journal::pb::{coordination::KvInsert, update::Command as Cmd, Origin};
 use journal::Update;
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
@@ -539,7 +539,7 @@ impl Writer {
                 // One put at a time: every earlier one is done.
                 done_below: self.seq,
             }),
-            command: Some(Cmd::KvInsert(KvInsert {
+            command: Some(Cmd::from(KvInsert {
                 key: key.into(),
                 value: value.to_vec().into(),
                 allow_overwrite: true,

@@ -8,7 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use journal::pb::{update::Command as Cmd, KvDelete, KvIncrement, KvInsert, Origin};
+use journal::pb::{
+    coordination::{KvDelete, KvIncrement, KvInsert},
+    update::Command as Cmd,
+    Origin,
+};
 use journal::Update;
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
@@ -380,7 +384,7 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                         next_value += 1;
                         let v = next_value;
                         rec.push(&key, p, Action::Call(KeyOp::Put(v)));
-                        let cmd = Cmd::KvInsert(KvInsert {
+                        let cmd = Cmd::from(KvInsert {
                             key: key.clone(),
                             value: v.to_string().into_bytes().into(),
                             allow_overwrite: true,
@@ -397,7 +401,7 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                         }
                     } else if dice == 5 {
                         rec.push(&key, p, Action::Call(KeyOp::Delete));
-                        let cmd = Cmd::KvDelete(KvDelete { key: key.clone() });
+                        let cmd = Cmd::from(KvDelete { key: key.clone() });
                         match propose_at(&nodes, origins.take(), cmd).await {
                             Some((out, index)) if out.error.is_none() => {
                                 rec.push(&key, p, Action::Response(KeyOp::Delete));
@@ -429,7 +433,7 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
         tasks.push(tokio::spawn(async move {
             let mut origins = Origins::default();
             while !stop.load(Ordering::Relaxed) {
-                let cmd = Cmd::KvIncrement(KvIncrement {
+                let cmd = Cmd::from(KvIncrement {
                     key: "counter".into(),
                     increment: 1,
                 });
@@ -456,7 +460,7 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
                     tokio::spawn(async move { blocking_get(&nodes, &key).await })
                 };
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let cmd = Cmd::KvInsert(KvInsert {
+                let cmd = Cmd::from(KvInsert {
                     key: key.clone(),
                     value: i.to_string().into_bytes().into(),
                     allow_overwrite: false,

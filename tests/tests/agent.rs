@@ -330,9 +330,11 @@ async fn a_task_failing_midway_cancels_the_barrier_so_nobody_hangs() {
     notifiers[0].notify(SystemTime::now() + Duration::from_secs(60));
     // Both managers are waiting at the barrier.
     coordstore_tests::wait_state(&cluster.nodes[0].addr, WAIT, |s| {
-        s.barrier(agent::preemption::PREEMPTION_BARRIER)
+        s.coordination()
+            .barrier(agent::preemption::PREEMPTION_BARRIER)
             .is_some_and(|b| {
-                b.status() == journal::pb::BarrierStatus::Pending && b.arrivals.len() == 2
+                b.status() == journal::pb::coordination::BarrierStatus::Pending
+                    && b.arrivals.len() == 2
             })
     })
     .await;

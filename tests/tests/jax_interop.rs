@@ -312,11 +312,13 @@ fn a_restarted_recoverable_task_rejoins_a_reused_barrier() {
     // instance 3 of the id, then let task 1 in.
     let mut again = spawn(0, "again");
     rt.block_on(coordstore_tests::wait_state(&addr, WAIT, |s| {
-        s.barrier("rejoin/b/rejoin").is_some_and(|b| {
-            b.counter == 3
-                && b.status() == journal::pb::BarrierStatus::Pending
-                && b.arrivals.contains_key(&0)
-        })
+        s.coordination()
+            .barrier("rejoin/b/rejoin")
+            .is_some_and(|b| {
+                b.counter == 3
+                    && b.status() == journal::pb::coordination::BarrierStatus::Pending
+                    && b.arrivals.contains_key(&0)
+            })
     }));
     peer.send_line("go");
     for p in [&mut again, &mut peer] {

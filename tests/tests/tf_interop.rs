@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use coordstore_tests::jax::{tf_python, PyProc};
 use coordstore_tests::{free_port, journal_state, Cluster};
-use journal::TaskStatus;
+use journal::coordination::TaskStatus;
 
 const WAIT: Duration = Duration::from_secs(60);
 const RUN: Duration = Duration::from_secs(200);
@@ -90,8 +90,12 @@ fn ops(nodes: usize) {
     // The tasks were coordstore's: both registered with it.
     let s = rt.block_on(journal_state(&service));
     for t in 0..2 {
-        assert_eq!(s.task_status(t), Some(TaskStatus::Connected), "task {t}");
-        assert_ne!(s.task(t).unwrap().incarnation, 0);
+        assert_eq!(
+            s.coordination().task_status(t),
+            Some(TaskStatus::Connected),
+            "task {t}"
+        );
+        assert_ne!(s.coordination().task(t).unwrap().incarnation, 0);
     }
 }
 
@@ -139,13 +143,13 @@ fn error_reaches_the_healthy_task(nodes: usize, push: bool) {
     peer.send_line("go");
     peer.wait_line("LEARNED", WAIT);
     let s = rt.block_on(journal_state(&service));
-    assert_eq!(s.task_status(0), Some(TaskStatus::Error));
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Error));
     assert_eq!(
-        s.task_status(1),
+        s.coordination().task_status(1),
         Some(TaskStatus::Connected),
         "the healthy task stays CONNECTED"
     );
-    assert!(s.task(1).unwrap().notice.is_some());
+    assert!(s.coordination().task(1).unwrap().notice.is_some());
     source.send_line("done");
     all_pass(&cluster, &mut [source, peer]);
     if push {
@@ -192,6 +196,10 @@ fn a_multi_worker_mirrored_strategy_step_with_the_service_as_ps() {
     }
     let s = rt.block_on(journal_state(&service));
     for t in 0..2 {
-        assert_ne!(s.task(t).unwrap().incarnation, 0, "task {t} registered");
+        assert_ne!(
+            s.coordination().task(t).unwrap().incarnation,
+            0,
+            "task {t} registered"
+        );
     }
 }

@@ -6,7 +6,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coordstore_tests::{connect, journal_state, Cluster};
-use journal::pb::{update::Command, BarrierExpire, InitService, KvInsert, TasksUnhealthy};
+use journal::pb::{
+    coordination::{BarrierExpire, KvInsert, TasksUnhealthy},
+    update::Command,
+    InitService,
+};
 use journal::Update;
 use prost::Message;
 use proto::coordstore::ProposeRequest;
@@ -39,12 +43,12 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
         let addr = &cluster.nodes[node].addr;
         let mut c = connect(addr, WAIT).await;
         let leader_only = [
-            Command::BarrierExpire(BarrierExpire {
+            Command::from(BarrierExpire {
                 id: "b".into(),
                 counter: 0,
             }),
             Command::InitService(InitService::default()),
-            Command::TasksUnhealthy(TasksUnhealthy { tasks: vec![0, 1] }),
+            Command::from(TasksUnhealthy { tasks: vec![0, 1] }),
         ];
         for cmd in leader_only {
             let e = c
@@ -65,7 +69,7 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
         // A client command goes through, but at the leader's time.
         let far_future = 4_000_000_000_000u64;
         c.propose(as_forwarded(update(
-            Command::KvInsert(KvInsert {
+            Command::from(KvInsert {
                 key: format!("hostile/{node}"),
                 value: "v".into(),
                 allow_overwrite: true,
@@ -84,7 +88,10 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
             "the client's time was kept: {}",
             s.clock_ms()
         );
-        assert!(s.kv_get(&format!("hostile/{node}")).is_some());
+        assert!(s
+            .coordination()
+            .kv_get(&format!("hostile/{node}"))
+            .is_some());
     }
 }
 
@@ -107,7 +114,7 @@ async fn peer_rpcs_need_the_clusters_token() {
     let mut c = connect(addr, WAIT).await;
     c.propose(tonic::Request::new(ProposeRequest {
         update: update(
-            Command::KvInsert(KvInsert {
+            Command::from(KvInsert {
                 key: "with-token".into(),
                 value: "v".into(),
                 allow_overwrite: true,

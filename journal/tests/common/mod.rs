@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use journal::pb::{self, update::Command, ClusterConfig, JobSpec, Origin};
-use journal::{Code, DomainError, Outcome, State, TaskStatus, Update};
+use journal::{coordination::TaskStatus, Code, DomainError, Outcome, State, Update};
 
 /// The service incarnation every test cluster starts with.
 pub const SVC_INC: u64 = 0x5EED_0001;
@@ -137,7 +137,7 @@ pub fn new_state_jobs(jobs: &[(&str, u32)], o: &Opts) -> State {
     let mut s = State::new();
     let out = apply(&mut s, init(config_jobs(jobs, o), SVC_INC), 0);
     assert!(!out.is_err(), "init failed: {out:?}");
-    assert_eq!(out.incarnation, SVC_INC);
+    assert_eq!(out.service_incarnation(), Some(SVC_INC));
     s
 }
 
@@ -159,11 +159,11 @@ pub fn register_all(s: &mut State, at: u64) {
     }
     for t in 0..n {
         assert_eq!(
-            s.registration_result(t, tinc(t)),
+            s.coordination().registration_result(t, tinc(t)),
             Some(Ok(SVC_INC)),
             "task {t}"
         );
-        assert_eq!(s.task_status(t), Some(TaskStatus::Connected));
+        assert_eq!(s.coordination().task_status(t), Some(TaskStatus::Connected));
     }
 }
 
@@ -198,7 +198,7 @@ pub fn reset_epoch(inc: u64, config: Option<ClusterConfig>) -> Command {
 }
 
 pub fn register(task: u32, incarnation: u64) -> Command {
-    Command::RegisterTask(pb::RegisterTask {
+    Command::from(pb::coordination::RegisterTask {
         task,
         incarnation,
         recoverable: false,
@@ -207,7 +207,7 @@ pub fn register(task: u32, incarnation: u64) -> Command {
 
 /// RegisterTask of a task that declares itself recoverable (TensorFlow).
 pub fn register_recoverable(task: u32, incarnation: u64) -> Command {
-    Command::RegisterTask(pb::RegisterTask {
+    Command::from(pb::coordination::RegisterTask {
         task,
         incarnation,
         recoverable: true,
@@ -215,17 +215,17 @@ pub fn register_recoverable(task: u32, incarnation: u64) -> Command {
 }
 
 pub fn heartbeat(task: u32, incarnation: u64) -> Command {
-    Command::Heartbeat(pb::Heartbeat { task, incarnation })
+    Command::from(pb::coordination::Heartbeat { task, incarnation })
 }
 
 pub fn unhealthy(tasks: &[u32]) -> Command {
-    Command::TasksUnhealthy(pb::TasksUnhealthy {
+    Command::from(pb::coordination::TasksUnhealthy {
         tasks: tasks.to_vec(),
     })
 }
 
 pub fn report(task: u32, code: Code, message: &str) -> Command {
-    Command::ReportError(pb::ReportError {
+    Command::from(pb::coordination::ReportError {
         task,
         code: code as i32,
         message: message.into(),
@@ -233,22 +233,22 @@ pub fn report(task: u32, code: Code, message: &str) -> Command {
 }
 
 pub fn poll(task: u32) -> Command {
-    Command::PollForError(pb::PollForError { task })
+    Command::from(pb::coordination::PollForError { task })
 }
 
 pub fn shutdown(task: u32) -> Command {
-    Command::ShutdownTask(pb::ShutdownTask {
+    Command::from(pb::coordination::ShutdownTask {
         task,
         recoverable: false,
     })
 }
 
 pub fn reset_task(task: u32) -> Command {
-    Command::ResetTask(pb::ResetTask { task })
+    Command::from(pb::coordination::ResetTask { task })
 }
 
 pub fn insert(key: &str, value: &str, allow_overwrite: bool) -> Command {
-    Command::KvInsert(pb::KvInsert {
+    Command::from(pb::coordination::KvInsert {
         key: key.into(),
         value: value.to_string().into_bytes().into(),
         allow_overwrite,
@@ -256,18 +256,18 @@ pub fn insert(key: &str, value: &str, allow_overwrite: bool) -> Command {
 }
 
 pub fn delete(key: &str) -> Command {
-    Command::KvDelete(pb::KvDelete { key: key.into() })
+    Command::from(pb::coordination::KvDelete { key: key.into() })
 }
 
 pub fn incr(key: &str, increment: i64) -> Command {
-    Command::KvIncrement(pb::KvIncrement {
+    Command::from(pb::coordination::KvIncrement {
         key: key.into(),
         increment,
     })
 }
 
 pub fn arrive(id: &str, counter: i64, timeout_ms: u64, participants: &[u32], task: u32) -> Command {
-    Command::BarrierArrive(pb::BarrierArrive {
+    Command::from(pb::coordination::BarrierArrive {
         id: id.into(),
         counter,
         timeout_ms,
@@ -280,7 +280,7 @@ pub fn arrive(id: &str, counter: i64, timeout_ms: u64, participants: &[u32], tas
 
 /// A barrier arrival of a caller that declares itself recoverable.
 pub fn arrive_recoverable(id: &str, counter: i64, participants: &[u32], task: u32) -> Command {
-    Command::BarrierArrive(pb::BarrierArrive {
+    Command::from(pb::coordination::BarrierArrive {
         id: id.into(),
         counter,
         timeout_ms: 60_000,
@@ -298,7 +298,7 @@ pub fn arrive_unknown(
     unknown: &str,
     task: u32,
 ) -> Command {
-    Command::BarrierArrive(pb::BarrierArrive {
+    Command::from(pb::coordination::BarrierArrive {
         id: id.into(),
         counter,
         timeout_ms: 10_000,
@@ -310,7 +310,7 @@ pub fn arrive_unknown(
 }
 
 pub fn cancel(id: &str, counter: i64, task: u32) -> Command {
-    Command::BarrierCancel(pb::BarrierCancel {
+    Command::from(pb::coordination::BarrierCancel {
         id: id.into(),
         counter,
         task,
@@ -318,21 +318,21 @@ pub fn cancel(id: &str, counter: i64, task: u32) -> Command {
 }
 
 pub fn expire(id: &str, counter: i64) -> Command {
-    Command::BarrierExpire(pb::BarrierExpire {
+    Command::from(pb::coordination::BarrierExpire {
         id: id.into(),
         counter,
     })
 }
 
 pub fn alive(task: u32, tasks: &[u32]) -> Command {
-    Command::AliveTasks(pb::AliveTasks {
+    Command::from(pb::coordination::AliveTasks {
         task,
         tasks: tasks.to_vec(),
     })
 }
 
 pub fn wait_all(task: u32, info: &[u8]) -> Command {
-    Command::WaitForAllTasks(pb::WaitForAllTasks {
+    Command::from(pb::coordination::WaitForAllTasks {
         task,
         device_info: info.to_vec().into(),
     })
@@ -390,6 +390,6 @@ pub fn contains(e: &DomainError, needle: &str) {
 
 pub fn statuses(s: &State) -> Vec<TaskStatus> {
     (0..s.task_count())
-        .map(|t| s.task_status(t).unwrap())
+        .map(|t| s.coordination().task_status(t).unwrap())
         .collect()
 }

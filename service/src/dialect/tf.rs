@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
-use journal::errors::{unknown_task, UnknownTaskIn as U};
+use journal::coordination::errors::{unknown_task, UnknownTaskIn as U};
 use journal::{task_name, DomainError};
 use prost::Message;
 use proto::payload_keys;
@@ -412,9 +412,9 @@ impl CoordinationService for TfService {
 fn task_state_info(
     coord: &Coordination,
     task: CoordinatedTask,
-    entry: &journal::pb::TaskEntry,
+    entry: &journal::pb::coordination::TaskEntry,
 ) -> CoordinatedTaskStateInfo {
-    use journal::TaskStatus as S;
+    use journal::coordination::TaskStatus as S;
     let state = match entry.status() {
         S::Disconnected => CoordinatedTaskState::TaskstateDisconnected,
         S::Connected => CoordinatedTaskState::TaskstateConnected,

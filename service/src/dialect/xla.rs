@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use journal::{DomainError, TaskStatus, JAX_JOB};
+use journal::{coordination::TaskStatus, DomainError, JAX_JOB};
 use prost::Message;
 use proto::payload_keys;
 use proto::xla::coordination_service_server::{CoordinationService, CoordinationServiceServer};
@@ -94,7 +94,7 @@ fn task_state(s: TaskStatus) -> TaskState {
     }
 }
 
-use journal::errors::{unknown_task, UnknownTaskIn as U};
+use journal::coordination::errors::{unknown_task, UnknownTaskIn as U};
 
 type X = XlaService;
 

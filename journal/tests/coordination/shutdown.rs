@@ -1,8 +1,11 @@
 //! ShutdownTask and the shutdown barrier (reference §3.6).
-mod common;
-use common::*;
-use journal::pb::BarrierStatus;
-use journal::{shutdown_barrier_id, Code, TaskStatus};
+
+use crate::common::*;
+use journal::pb::coordination::BarrierStatus;
+use journal::{
+    coordination::{shutdown_barrier_id, TaskStatus},
+    Code,
+};
 
 #[test]
 fn shutdown_barrier_waits_for_all_then_disconnects_everyone() {
@@ -12,21 +15,24 @@ fn shutdown_barrier_waits_for_all_then_disconnects_everyone() {
         .collect();
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     let c1 = parked(&apply(&mut s, shutdown(1), 2100));
-    assert_eq!(s.shutdown_result(c0), None);
-    assert_eq!(s.task_status(0), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().shutdown_result(c0), None);
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
     let id = shutdown_barrier_id(SVC_INC);
     assert_eq!(id, format!("Shutdown::{SVC_INC}"));
-    assert_eq!(s.barrier(&id).unwrap().deadline_ms, 2000 + 5_000);
+    assert_eq!(
+        s.coordination().barrier(&id).unwrap().deadline_ms,
+        2000 + 5_000
+    );
     ok(&apply(&mut s, shutdown(2), 2200));
-    assert_eq!(s.shutdown_result(c0), Some(Ok(())));
-    assert_eq!(s.shutdown_result(c1), Some(Ok(())));
+    assert_eq!(s.coordination().shutdown_result(c0), Some(Ok(())));
+    assert_eq!(s.coordination().shutdown_result(c1), Some(Ok(())));
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
     for (t, p) in polls.into_iter().enumerate() {
-        let e = s.poll_result(t as u32, p).unwrap();
+        let e = s.coordination().poll_result(t as u32, p).unwrap();
         code_is(&e, Code::Cancelled);
         contains(&e, "task has disconnected");
     }
-    assert!(s.propagated_error().is_none());
+    assert!(s.coordination().propagated_error().is_none());
 }
 
 #[test]
@@ -36,7 +42,7 @@ fn shutdown_barrier_timeout_fails_callers_and_sets_all_tasks_error() {
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     let id = shutdown_barrier_id(SVC_INC);
     ok(&apply(&mut s, expire(&id, 0), 7000));
-    let e = s.shutdown_result(c0).unwrap().unwrap_err();
+    let e = s.coordination().shutdown_result(c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -46,7 +52,7 @@ fn shutdown_barrier_timeout_fails_callers_and_sets_all_tasks_error() {
     assert!(e.coordination_payload);
     assert_eq!(statuses(&s), vec![TaskStatus::Error; 3]);
     // The straggler's poll is told.
-    let pe = s.poll_result(2, p2).unwrap();
+    let pe = s.coordination().poll_result(2, p2).unwrap();
     code_is(&pe, Code::Internal);
     contains(&pe, "Shutdown barrier has failed.");
     // A late ShutdownTask gets the same INTERNAL.
@@ -71,12 +77,15 @@ fn shutdown_barrier_fails_when_a_participant_errors_while_pending() {
     parked(&apply(&mut s, poll(1), 1500));
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     ok(&apply(&mut s, unhealthy(&[2]), 3000));
-    let e = s.shutdown_result(c0).unwrap().unwrap_err();
+    let e = s.coordination().shutdown_result(c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(&e, "Shutdown barrier has failed.");
     contains(&e, "Barrier failed because: task is set to ERROR");
     let id = shutdown_barrier_id(SVC_INC);
-    assert_eq!(s.barrier(&id).unwrap().status(), BarrierStatus::Failed);
+    assert_eq!(
+        s.coordination().barrier(&id).unwrap().status(),
+        BarrierStatus::Failed
+    );
 }
 
 #[test]
@@ -96,9 +105,12 @@ fn reregistered_task_shutting_down_again_gets_immediate_replay() {
     ok(&apply(&mut s, shutdown(1), 2000));
     // The registration barrier has passed: re-registering is immediate.
     ok(&apply(&mut s, register(1, 77), 3000));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Connected));
     ok(&apply(&mut s, shutdown(1), 4000));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Disconnected));
+    assert_eq!(
+        s.coordination().task_status(1),
+        Some(TaskStatus::Disconnected)
+    );
 }
 
 #[test]
@@ -106,11 +118,17 @@ fn without_shutdown_barrier_tasks_disconnect_individually() {
     for o in [Opts::no_shutdown_barrier(), Opts::recoverable()] {
         let mut s = cluster(2, o);
         ok(&apply(&mut s, shutdown(1), 2000));
-        assert_eq!(s.task_status(1), Some(TaskStatus::Disconnected));
-        assert_eq!(s.task_status(0), Some(TaskStatus::Connected));
+        assert_eq!(
+            s.coordination().task_status(1),
+            Some(TaskStatus::Disconnected)
+        );
+        assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
         let e = err(&apply(&mut s, shutdown(1), 2100), Code::FailedPrecondition);
         assert_eq!(e.message, "The task is already disconnected: 1");
-        assert!(s.barrier(&shutdown_barrier_id(SVC_INC)).is_none());
+        assert!(s
+            .coordination()
+            .barrier(&shutdown_barrier_id(SVC_INC))
+            .is_none());
     }
 }
 
@@ -119,7 +137,11 @@ fn disconnect_fails_ongoing_barriers_of_the_task() {
     let mut s = cluster(3, Opts::no_shutdown_barrier());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     ok(&apply(&mut s, shutdown(2), 2100));
-    let e = s.barrier_result("b", 0, c0).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .barrier_result("b", 0, c0)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -133,5 +155,8 @@ fn shutdown_of_unknown_task_is_invalid_argument() {
     let mut s = cluster(2, Opts::default());
     let e = err(&apply(&mut s, shutdown(3), 2000), Code::InvalidArgument);
     contains(&e, "Unexpected disconnect request with task=3");
-    assert!(s.barrier(&shutdown_barrier_id(SVC_INC)).is_none());
+    assert!(s
+        .coordination()
+        .barrier(&shutdown_barrier_id(SVC_INC))
+        .is_none());
 }

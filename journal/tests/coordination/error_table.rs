@@ -1,8 +1,11 @@
 //! One test per row of the error-code table (reference §3.10), named after
 //! the RPC and the code.
-mod common;
-use common::*;
-use journal::{errors, shutdown_barrier_id, Code, TaskStatus, REGISTER_BARRIER};
+
+use crate::common::*;
+use journal::{
+    coordination::{shutdown_barrier_id, TaskStatus, REGISTER_BARRIER},
+    errors, Code,
+};
 
 // ------------------------------------------------------------ RegisterTask --
 
@@ -11,7 +14,7 @@ fn register_task_ok() {
     let mut s = new_state(1, &Opts::default());
     let out = apply(&mut s, register(0, 1), 1);
     ok(&out);
-    assert_eq!(out.incarnation, SVC_INC);
+    assert_eq!(out.registered(), Some(SVC_INC));
 }
 
 #[test]
@@ -26,7 +29,11 @@ fn register_task_already_exists_superseded() {
     let mut s = new_state(2, &Opts::default());
     parked(&apply(&mut s, register(0, 1), 1));
     parked(&apply(&mut s, register(0, 2), 2));
-    let e = s.registration_result(0, 1).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .registration_result(0, 1)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::AlreadyExists);
     assert!(e.coordination_payload);
 }
@@ -60,7 +67,11 @@ fn register_task_deadline_exceeded_registration_barrier_timeout() {
     // The waiting RegisterTask gets the barrier's DEADLINE_EXCEEDED
     // (+BarrierError{[Init]Wait_for_all_tasks_to_register, 0}) even though the
     // failure also set every task to ERROR (reference §3.2 / §3.10).
-    let e = s.registration_result(0, 10).expect("answered").unwrap_err();
+    let e = s
+        .coordination()
+        .registration_result(0, 10)
+        .expect("answered")
+        .unwrap_err();
     code_is(&e, Code::DeadlineExceeded);
     contains(
         &e,
@@ -83,7 +94,7 @@ fn heartbeat_aborted_incarnation_mismatch() {
     let mut s = cluster(2, Opts::default());
     let e = err(&apply(&mut s, heartbeat(0, 3), 2000), Code::Aborted);
     assert!(e.coordination_payload);
-    assert_eq!(s.task_status(0), Some(TaskStatus::Error));
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Error));
 }
 
 #[test]
@@ -112,7 +123,10 @@ fn poll_for_error_unavailable_heartbeat_timeout() {
     let mut s = cluster(2, Opts::default());
     let p = parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, unhealthy(&[1]), 20_000));
-    code_is(&s.poll_result(0, p).unwrap(), Code::Unavailable);
+    code_is(
+        &s.coordination().poll_result(0, p).unwrap(),
+        Code::Unavailable,
+    );
 }
 
 #[test]
@@ -120,7 +134,7 @@ fn poll_for_error_aborted_incarnation() {
     let mut s = cluster(2, Opts::default());
     let p = parked(&apply(&mut s, poll(0), 1500));
     err(&apply(&mut s, heartbeat(1, 5), 2000), Code::Aborted);
-    code_is(&s.poll_result(0, p).unwrap(), Code::Aborted);
+    code_is(&s.coordination().poll_result(0, p).unwrap(), Code::Aborted);
 }
 
 #[test]
@@ -133,7 +147,7 @@ fn poll_for_error_internal_shutdown_barrier_failure() {
         expire(&shutdown_barrier_id(SVC_INC), 0),
         7000,
     ));
-    let e = s.poll_result(1, p).unwrap();
+    let e = s.coordination().poll_result(1, p).unwrap();
     code_is(&e, Code::Internal);
     contains(&e, "Shutdown barrier has failed.");
 }
@@ -147,7 +161,7 @@ fn poll_for_error_reported_code() {
         report(1, Code::ResourceExhausted, "oom"),
         2000,
     ));
-    let e = s.poll_result(0, p).unwrap();
+    let e = s.coordination().poll_result(0, p).unwrap();
     code_is(&e, Code::ResourceExhausted);
     assert!(e.is_reported_error);
     assert_eq!(e.source_task, Some(1));
@@ -158,9 +172,15 @@ fn poll_for_error_cancelled_disconnect_and_repoll() {
     let mut s = cluster(2, Opts::no_shutdown_barrier());
     let a = parked(&apply(&mut s, poll(0), 1500));
     let b = parked(&apply(&mut s, poll(0), 1600));
-    code_is(&s.poll_result(0, a).unwrap(), Code::Cancelled);
+    code_is(
+        &s.coordination().poll_result(0, a).unwrap(),
+        Code::Cancelled,
+    );
     ok(&apply(&mut s, shutdown(0), 2000));
-    code_is(&s.poll_result(0, b).unwrap(), Code::Cancelled);
+    code_is(
+        &s.coordination().poll_result(0, b).unwrap(),
+        Code::Cancelled,
+    );
 }
 
 #[test]
@@ -185,7 +205,7 @@ fn poll_for_error_invalid_argument_unknown_task() {
 fn report_error_to_service_ok() {
     let mut s = cluster(2, Opts::default());
     ok(&apply(&mut s, report(0, Code::Internal, "x"), 2000));
-    assert_eq!(s.task_status(0), Some(TaskStatus::Error));
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Error));
 }
 
 #[test]
@@ -212,7 +232,10 @@ fn report_error_to_service_invalid_argument_unknown_task() {
 fn shutdown_task_ok() {
     let mut s = cluster(1, Opts::default());
     ok(&apply(&mut s, shutdown(0), 2000));
-    assert_eq!(s.task_status(0), Some(TaskStatus::Disconnected));
+    assert_eq!(
+        s.coordination().task_status(0),
+        Some(TaskStatus::Disconnected)
+    );
 }
 
 #[test]
@@ -224,7 +247,10 @@ fn shutdown_task_internal_barrier_failed() {
         expire(&shutdown_barrier_id(SVC_INC), 0),
         7000,
     ));
-    code_is(&s.shutdown_result(c).unwrap().unwrap_err(), Code::Internal);
+    code_is(
+        &s.coordination().shutdown_result(c).unwrap().unwrap_err(),
+        Code::Internal,
+    );
 }
 
 #[test]
@@ -264,14 +290,17 @@ fn insert_key_value_ok_and_already_exists_without_payload() {
 #[test]
 fn get_key_value_ok() {
     let mut s = cluster(1, Opts::default());
-    assert!(s.kv_get("k").is_none(), "a GetKeyValue would park");
+    assert!(
+        s.coordination().kv_get("k").is_none(),
+        "a GetKeyValue would park"
+    );
     ok(&apply(&mut s, insert("/k/", "v", false), 2000));
-    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v");
+    assert_eq!(s.coordination().kv_get("k").unwrap().as_ref(), b"v");
 }
 
 #[test]
 fn try_get_key_value_not_found() {
-    let e = errors::key_not_found("k");
+    let e = journal::coordination::errors::key_not_found("k");
     code_is(&e, Code::NotFound);
     assert!(e.coordination_payload);
 }
@@ -279,7 +308,7 @@ fn try_get_key_value_not_found() {
 #[test]
 fn increment_key_value_ok_and_failed_precondition() {
     let mut s = cluster(1, Opts::default());
-    assert_eq!(apply(&mut s, incr("n", 3), 2000).value, 3);
+    assert_eq!(apply(&mut s, incr("n", 3), 2000).incremented(), Some(3));
     ok(&apply(&mut s, insert("s", "x", false), 2000));
     let e = err(&apply(&mut s, incr("s", 3), 2000), Code::FailedPrecondition);
     assert!(e.coordination_payload);
@@ -289,10 +318,10 @@ fn increment_key_value_ok_and_failed_precondition() {
 fn get_key_value_dir_and_delete_key_value_ok() {
     let mut s = cluster(1, Opts::default());
     ok(&apply(&mut s, insert("d/a", "1", false), 2000));
-    assert_eq!(s.kv_dir("d").len(), 1);
+    assert_eq!(s.coordination().kv_dir("d").len(), 1);
     ok(&apply(&mut s, delete("d"), 2000));
     ok(&apply(&mut s, delete("d"), 2000));
-    assert!(s.kv_dir("d").is_empty());
+    assert!(s.coordination().kv_dir("d").is_empty());
 }
 
 // ----------------------------------------------------------------- Barrier --
@@ -302,7 +331,7 @@ fn barrier_ok() {
     let mut s = cluster(1, Opts::default());
     let out = apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000);
     ok(&out);
-    assert_eq!(out.value, 0);
+    assert_eq!(out.barrier_counter(), Some(0));
 }
 
 #[test]
@@ -310,7 +339,11 @@ fn barrier_deadline_exceeded_timeout() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, expire("b", 0), 3000));
-    let e = s.barrier_result("b", 0, c).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .barrier_result("b", 0, c)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::DeadlineExceeded);
     assert!(e.barrier.is_some());
 }
@@ -337,7 +370,11 @@ fn barrier_internal_counter_mismatch_and_participant_error() {
     parked(&apply(&mut s, poll(0), 1500));
     let c = parked(&apply(&mut s, arrive("c", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 2100));
-    let e = s.barrier_result("c", 0, c).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .barrier_result("c", 0, c)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::Internal);
     assert!(e.barrier.is_some());
 }
@@ -347,7 +384,11 @@ fn barrier_cancelled_via_cancel_barrier_with_payload() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, cancel("b", 0, 0), 2100));
-    let e = s.barrier_result("b", 0, c).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .barrier_result("b", 0, c)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::Cancelled);
     assert!(e.barrier.is_some() && e.coordination_payload);
 }
@@ -357,7 +398,11 @@ fn barrier_cancelled_superseded_duplicate_without_payload() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
-    let e = s.barrier_result("b", 0, c).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .barrier_result("b", 0, c)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::Cancelled);
     assert!(e.barrier.is_none() && !e.coordination_payload);
 }
@@ -394,7 +439,11 @@ fn get_alive_tasks_ok() {
     let mut s = cluster(1, Opts::default());
     let out = apply(&mut s, alive(0, &[0]), 2000);
     assert!(!out.is_err());
-    let r = s.alive_result(&[0], out.value as u64).unwrap().unwrap();
+    let r = s
+        .coordination()
+        .alive_result(&[0], out.alive_generation().unwrap())
+        .unwrap()
+        .unwrap();
     assert_eq!(r.tasks, vec![0]);
 }
 
@@ -408,7 +457,7 @@ fn get_alive_tasks_invalid_argument_requester_not_in_set() {
 #[test]
 fn watch_tasks_ok() {
     let s = cluster(1, Opts::default());
-    assert!(s.watch_tasks_ready(-1));
+    assert!(s.coordination().watch_tasks_ready(-1));
 }
 
 // ------------------------------------------------------ every RPC but one --

@@ -1,10 +1,12 @@
 //! The key-value store (reference §3.7).
-mod common;
-use common::*;
-use journal::{errors, normalize_key, Code, State};
+
+use crate::common::*;
+use journal::coordination::{errors, normalize_key};
+use journal::{Code, State};
 
 fn keys(s: &State, dir: &str) -> Vec<String> {
-    s.kv_dir(dir)
+    s.coordination()
+        .kv_dir(dir)
         .into_iter()
         .map(|(k, _)| k.to_string())
         .collect()
@@ -15,23 +17,23 @@ fn keys_are_normalised() {
     assert_eq!(normalize_key("///a//b/"), "a/b");
     let mut s = State::new();
     ok(&apply(&mut s, insert("///a//b/", "1", false), 0));
-    assert_eq!(s.kv_get("a/b").unwrap().as_ref(), b"1");
-    assert_eq!(s.kv_get("/a/b").unwrap().as_ref(), b"1");
+    assert_eq!(s.coordination().kv_get("a/b").unwrap().as_ref(), b"1");
+    assert_eq!(s.coordination().kv_get("/a/b").unwrap().as_ref(), b"1");
     let e = err(
         &apply(&mut s, insert("a/b", "2", false), 0),
         Code::AlreadyExists,
     );
     assert_eq!(e.message, "key a/b already exists.");
     assert_eq!(keys(&s, "a"), vec!["a/b"]);
-    assert_eq!(s.kv_len(), 1);
+    assert_eq!(s.coordination().kv_len(), 1);
 }
 
 #[test]
 fn empty_key_is_legal() {
     let mut s = State::new();
     ok(&apply(&mut s, insert("", "root", false), 0));
-    assert_eq!(s.kv_get("").unwrap().as_ref(), b"root");
-    assert_eq!(s.kv_get("//").unwrap().as_ref(), b"root");
+    assert_eq!(s.coordination().kv_get("").unwrap().as_ref(), b"root");
+    assert_eq!(s.coordination().kv_get("//").unwrap().as_ref(), b"root");
     assert!(keys(&s, "").is_empty(), "the empty directory holds nothing");
 }
 
@@ -39,7 +41,7 @@ fn empty_key_is_legal() {
 fn insert_existing_without_overwrite_is_already_exists_without_payload() {
     let mut s = State::new();
     ok(&apply(&mut s, insert("k", "v1", false), 0));
-    let rev = s.kv_revision();
+    let rev = s.coordination().kv_revision();
     let e = err(
         &apply(&mut s, insert("k", "v2", false), 0),
         Code::AlreadyExists,
@@ -47,29 +49,29 @@ fn insert_existing_without_overwrite_is_already_exists_without_payload() {
     assert_eq!(e.message, "key k already exists.");
     assert!(!e.coordination_payload);
     assert!(e.barrier.is_none() && e.source_task.is_none());
-    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v1");
-    assert_eq!(s.kv_revision(), rev);
+    assert_eq!(s.coordination().kv_get("k").unwrap().as_ref(), b"v1");
+    assert_eq!(s.coordination().kv_revision(), rev);
 }
 
 #[test]
 fn insert_with_overwrite_replaces_value() {
     let mut s = State::new();
     ok(&apply(&mut s, insert("k", "v1", false), 0));
-    let created = s.kv_entry("k").unwrap().create_revision;
+    let created = s.coordination().kv_entry("k").unwrap().create_revision;
     ok(&apply(&mut s, insert("k", "v2", true), 0));
-    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v2");
-    let e = s.kv_entry("k").unwrap();
+    assert_eq!(s.coordination().kv_get("k").unwrap().as_ref(), b"v2");
+    let e = s.coordination().kv_entry("k").unwrap();
     assert_eq!(e.create_revision, created);
     assert!(e.mod_revision > created);
     // allow_overwrite on a missing key simply inserts.
     ok(&apply(&mut s, insert("new", "x", true), 0));
-    assert_eq!(s.kv_get("new").unwrap().as_ref(), b"x");
+    assert_eq!(s.coordination().kv_get("new").unwrap().as_ref(), b"x");
 }
 
 #[test]
 fn try_get_of_missing_key_is_not_found_with_payload() {
     let s = State::new();
-    assert!(s.kv_get("nope").is_none());
+    assert!(s.coordination().kv_get("nope").is_none());
     let e = errors::key_not_found("/nope/");
     code_is(&e, Code::NotFound);
     assert_eq!(e.message, "Config key /nope/ not found.");
@@ -81,13 +83,13 @@ fn increment_treats_missing_as_zero_and_stores_decimal() {
     let mut s = State::new();
     let out = apply(&mut s, incr("/c", 5), 0);
     ok(&out);
-    assert_eq!(out.value, 5);
-    assert_eq!(s.kv_get("c").unwrap().as_ref(), b"5");
+    assert_eq!(out.incremented().unwrap(), 5);
+    assert_eq!(s.coordination().kv_get("c").unwrap().as_ref(), b"5");
     let out = apply(&mut s, incr("c", -7), 0);
-    assert_eq!(out.value, -2);
-    assert_eq!(s.kv_get("c").unwrap().as_ref(), b"-2");
+    assert_eq!(out.incremented().unwrap(), -2);
+    assert_eq!(s.coordination().kv_get("c").unwrap().as_ref(), b"-2");
     ok(&apply(&mut s, insert("d", "40", false), 0));
-    assert_eq!(apply(&mut s, incr("d", 2), 0).value, 42);
+    assert_eq!(apply(&mut s, incr("d", 2), 0).incremented().unwrap(), 42);
 }
 
 #[test]
@@ -100,7 +102,7 @@ fn increment_of_non_integer_is_failed_precondition() {
         &e,
         "key k holds a value that is not a decimal 64-bit integer",
     );
-    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"abc");
+    assert_eq!(s.coordination().kv_get("k").unwrap().as_ref(), b"abc");
 }
 
 #[test]
@@ -111,7 +113,7 @@ fn increment_overflow_is_failed_precondition() {
     assert!(e.coordination_payload);
     contains(&e, "overflows a 64-bit integer");
     assert_eq!(
-        s.kv_get("k").unwrap().as_ref(),
+        s.coordination().kv_get("k").unwrap().as_ref(),
         i64::MAX.to_string().as_bytes()
     );
 }
@@ -127,7 +129,7 @@ fn directory_listing_is_sorted_strict_and_prefix_exact() {
     assert_eq!(keys(&s, "dir/sub"), vec!["dir/sub/z"]);
     assert!(keys(&s, "").is_empty());
     assert!(keys(&s, "missing").is_empty());
-    assert_eq!(s.kv_dir("dir")[0].1.value.as_ref(), b"dir/a");
+    assert_eq!(s.coordination().kv_dir("dir")[0].1.value.as_ref(), b"dir/a");
 }
 
 #[test]
@@ -137,17 +139,17 @@ fn delete_removes_key_and_everything_under_it() {
         ok(&apply(&mut s, insert(k, "v", false), 0));
     }
     ok(&apply(&mut s, delete("/dir/"), 0));
-    assert!(s.kv_get("dir").is_none());
-    assert!(s.kv_get("dir/a").is_none());
-    assert!(s.kv_get("dir/sub/b").is_none());
-    assert!(s.kv_get("dirx/c").is_some());
-    assert!(s.kv_get("keep").is_some());
-    assert_eq!(s.kv_len(), 2);
+    assert!(s.coordination().kv_get("dir").is_none());
+    assert!(s.coordination().kv_get("dir/a").is_none());
+    assert!(s.coordination().kv_get("dir/sub/b").is_none());
+    assert!(s.coordination().kv_get("dirx/c").is_some());
+    assert!(s.coordination().kv_get("keep").is_some());
+    assert_eq!(s.coordination().kv_len(), 2);
     // Deleting something missing is OK and changes nothing.
-    let rev = s.kv_revision();
+    let rev = s.coordination().kv_revision();
     ok(&apply(&mut s, delete("missing"), 0));
-    assert_eq!(s.kv_revision(), rev);
-    assert_eq!(s.kv_len(), 2);
+    assert_eq!(s.coordination().kv_revision(), rev);
+    assert_eq!(s.coordination().kv_len(), 2);
 }
 
 #[test]
@@ -167,7 +169,7 @@ fn key_limit_is_resource_exhausted() {
     err(&apply(&mut s, incr("d", 1), 0), Code::ResourceExhausted);
     // Overwriting an existing key is still fine.
     ok(&apply(&mut s, insert("a", "2", true), 0));
-    assert_eq!(s.kv_len(), 2);
+    assert_eq!(s.coordination().kv_len(), 2);
 }
 
 #[test]
@@ -175,14 +177,15 @@ fn kv_is_untouched_by_task_errors() {
     let mut s = cluster(2, Opts::default());
     ok(&apply(&mut s, insert("k", "v", false), 1500));
     ok(&apply(&mut s, report(1, Code::Internal, "boom"), 2000));
-    assert_eq!(s.kv_get("k").unwrap().as_ref(), b"v");
+    assert_eq!(s.coordination().kv_get("k").unwrap().as_ref(), b"v");
     ok(&apply(&mut s, insert("k2", "v", false), 2100));
 }
 
 // ------------------------------------------------------- watch history ----
 
 fn events(s: &State, after: u64) -> Vec<(u64, String, String, bool)> {
-    s.kv_events_after(after)
+    s.coordination()
+        .kv_events_after(after)
         .expect("history complete")
         .iter()
         .map(|e| {
@@ -208,7 +211,7 @@ fn every_change_is_an_event_with_its_own_revision() {
     ok(&apply(&mut s, delete("nothing"), 0));
     // A recursive delete is one revision with an event per key.
     ok(&apply(&mut s, delete("a"), 0));
-    assert_eq!(s.kv_revision(), 5);
+    assert_eq!(s.coordination().kv_revision(), 5);
     assert_eq!(
         events(&s, 0),
         vec![
@@ -239,11 +242,14 @@ fn the_history_is_bounded_and_reports_compaction() {
             0,
         ));
     }
-    let c = s.kv_events_after(0).unwrap_err();
+    let c = s.coordination().kv_events_after(0).unwrap_err();
     assert_eq!(c.revision, 200);
     assert!(c.history_start > 1);
     // Everything from the history start on is still there, in order.
-    let tail = s.kv_events_after(c.history_start - 1).unwrap();
+    let tail = s
+        .coordination()
+        .kv_events_after(c.history_start - 1)
+        .unwrap();
     assert_eq!(tail.first().unwrap().revision, c.history_start);
     assert_eq!(tail.last().unwrap().revision, 200);
     assert_eq!(tail.len() as u64, 200 - c.history_start + 1);
@@ -254,8 +260,8 @@ fn a_job_epoch_reset_compacts_the_history() {
     let mut s = new_state(1, &Opts::default());
     ok(&apply(&mut s, insert("a", "1", false), 0));
     ok(&apply(&mut s, reset_epoch(77, None), 0));
-    assert!(s.kv_events_after(0).is_err());
-    assert!(s.kv_events_after(1).unwrap().is_empty());
+    assert!(s.coordination().kv_events_after(0).is_err());
+    assert!(s.coordination().kv_events_after(1).unwrap().is_empty());
     ok(&apply(&mut s, insert("b", "2", false), 0));
     assert_eq!(events(&s, 1), vec![(2, "b".into(), "2".into(), false)]);
 }

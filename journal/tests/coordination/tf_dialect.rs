@@ -1,9 +1,12 @@
 //! TensorFlow dialect additions: named jobs, WaitForAllTasks with device
 //! info, ResetTask, task status.
-mod common;
-use common::*;
+
+use crate::common::*;
 use journal::{
-    task_name, wait_all_barrier_id, Code, HeartbeatCheck, TaskStatus, WAIT_FOR_ALL_TASKS_TIMEOUT_MS,
+    coordination::{
+        wait_all_barrier_id, HeartbeatCheck, TaskStatus, WAIT_FOR_ALL_TASKS_TIMEOUT_MS,
+    },
+    task_name, Code,
 };
 
 const JOBS: &[(&str, u32)] = &[("worker", 2), ("chief", 1)];
@@ -38,7 +41,7 @@ fn messages_name_tasks_with_tensorflow_names() {
     let mut s = cluster_jobs(JOBS, Opts::default());
     parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, unhealthy(&[2]), 20_000));
-    let te = s.task(2).unwrap().error.clone().unwrap();
+    let te = s.coordination().task(2).unwrap().error.clone().unwrap();
     contains(&te, "Task /job:chief/replica:0/task:0 heartbeat timeout.");
     let e = err(&apply(&mut s, register(1, 9), 21_000), Code::Aborted);
     contains(
@@ -52,17 +55,22 @@ fn wait_for_all_tasks_aggregates_device_info_by_job_then_task() {
     let mut s = cluster_jobs(JOBS, Opts::default());
     let c2 = parked(&apply(&mut s, wait_all(2, b"chief0"), 2000));
     let c1 = parked(&apply(&mut s, wait_all(1, b"worker1"), 2000));
-    assert_eq!(s.wait_for_all_result(c2), None);
+    assert_eq!(s.coordination().wait_for_all_result(c2), None);
     let id = wait_all_barrier_id(SVC_INC);
     assert_eq!(id, format!("WaitForAllTasks::{SVC_INC}"));
     assert_eq!(
-        s.barrier(&id).unwrap().deadline_ms,
+        s.coordination().barrier(&id).unwrap().deadline_ms,
         2000 + WAIT_FOR_ALL_TASKS_TIMEOUT_MS
     );
     ok(&apply(&mut s, wait_all(0, b"worker0"), 2100));
-    assert_eq!(s.wait_for_all_result(c2), Some(Ok(())));
-    assert_eq!(s.wait_for_all_result(c1), Some(Ok(())));
-    let infos: Vec<Vec<u8>> = s.cluster_device_info().iter().map(|b| b.to_vec()).collect();
+    assert_eq!(s.coordination().wait_for_all_result(c2), Some(Ok(())));
+    assert_eq!(s.coordination().wait_for_all_result(c1), Some(Ok(())));
+    let infos: Vec<Vec<u8>> = s
+        .coordination()
+        .cluster_device_info()
+        .iter()
+        .map(|b| b.to_vec())
+        .collect();
     assert_eq!(
         infos,
         vec![b"chief0".to_vec(), b"worker0".to_vec(), b"worker1".to_vec()]
@@ -75,7 +83,12 @@ fn wait_for_all_tasks_keeps_first_device_info() {
     parked(&apply(&mut s, wait_all(0, b"first"), 2000));
     parked(&apply(&mut s, wait_all(0, b"second"), 2100));
     ok(&apply(&mut s, wait_all(1, b"w1"), 2200));
-    let infos: Vec<Vec<u8>> = s.cluster_device_info().iter().map(|b| b.to_vec()).collect();
+    let infos: Vec<Vec<u8>> = s
+        .coordination()
+        .cluster_device_info()
+        .iter()
+        .map(|b| b.to_vec())
+        .collect();
     assert_eq!(infos, vec![b"first".to_vec(), b"w1".to_vec()]);
 }
 
@@ -87,7 +100,12 @@ fn wait_for_all_tasks_keeps_the_first_call_that_lists_devices() {
     parked(&apply(&mut s, wait_all(0, b""), 2000));
     ok(&apply(&mut s, wait_all(1, b"w1"), 2100));
     ok(&apply(&mut s, wait_all(0, b"w0"), 2200));
-    let infos: Vec<Vec<u8>> = s.cluster_device_info().iter().map(|b| b.to_vec()).collect();
+    let infos: Vec<Vec<u8>> = s
+        .coordination()
+        .cluster_device_info()
+        .iter()
+        .map(|b| b.to_vec())
+        .collect();
     assert_eq!(infos, vec![b"w0".to_vec(), b"w1".to_vec()]);
 }
 
@@ -99,7 +117,7 @@ fn wait_for_all_tasks_from_unknown_task_is_invalid_argument() {
         Code::InvalidArgument,
     );
     contains(&e, "not in the cluster waiting for all tasks");
-    assert!(s.cluster_device_info().is_empty());
+    assert!(s.coordination().cluster_device_info().is_empty());
 }
 
 #[test]
@@ -112,7 +130,11 @@ fn wait_for_all_tasks_fails_when_a_task_errors() {
         report(2, Code::Internal, "chief died"),
         2100,
     ));
-    let e = s.wait_for_all_result(c0).unwrap().unwrap_err();
+    let e = s
+        .coordination()
+        .wait_for_all_result(c0)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -125,16 +147,19 @@ fn reset_task_moves_error_task_to_disconnected_and_allows_reregistration() {
     let mut s = cluster_jobs(JOBS, Opts::default());
     parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 2000));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Error));
-    let v = s.tasks_version();
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Error));
+    let v = s.coordination().tasks_version();
     ok(&apply(&mut s, reset_task(1), 2100));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Disconnected));
-    assert!(s.task(1).unwrap().error.is_none());
-    assert!(s.tasks_version() > v);
+    assert_eq!(
+        s.coordination().task_status(1),
+        Some(TaskStatus::Disconnected)
+    );
+    assert!(s.coordination().task(1).unwrap().error.is_none());
+    assert!(s.coordination().tasks_version() > v);
     let out = apply(&mut s, register(1, 5150), 2200);
     ok(&out);
-    assert_eq!(s.task_status(1), Some(TaskStatus::Connected));
-    assert_eq!(s.task(1).unwrap().incarnation, 5150);
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task(1).unwrap().incarnation, 5150);
 }
 
 #[test]
@@ -162,8 +187,17 @@ fn task_status_reports_each_state() {
             TaskStatus::Connected
         ]
     );
-    assert_eq!(s.task_status(3), None);
-    assert_eq!(s.task(0).unwrap().error.as_ref().unwrap().message, "x");
+    assert_eq!(s.coordination().task_status(3), None);
+    assert_eq!(
+        s.coordination()
+            .task(0)
+            .unwrap()
+            .error
+            .as_ref()
+            .unwrap()
+            .message,
+        "x"
+    );
 }
 
 // ---- TensorFlow 2.21's service semantics (reference §8; issue #19) ---------
@@ -183,24 +217,33 @@ fn notified_tasks_stay_connected_and_learn_the_error_from_their_heartbeat() {
         ]
     );
     for t in [1, 2] {
-        let notice = s.task(t).unwrap().notice.clone().expect("notice");
+        let notice = s
+            .coordination()
+            .task(t)
+            .unwrap()
+            .notice
+            .clone()
+            .expect("notice");
         code_is(&notice, Code::Internal);
         contains(&notice, "boom");
         assert!(notice.is_reported_error);
         assert_eq!(notice.source_task, Some(0));
-        match s.heartbeat_check(t, tinc(t), 2100) {
+        match s.coordination().heartbeat_check(t, tinc(t), 2100) {
             HeartbeatCheck::Reject(e) => assert_eq!(e, notice),
             other => panic!("heartbeat of a notified task: {other:?}"),
         }
     }
     // A heartbeat is no state change: the task stays CONNECTED.
     err(&apply(&mut s, heartbeat(1, tinc(1)), 2200), Code::Internal);
-    assert_eq!(s.task_status(1), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Connected));
     // The notice ends when the task goes away and comes back.
     ok(&apply(&mut s, reset_task(1), 2300));
     ok(&apply(&mut s, register(1, 42), 2400));
-    assert!(s.task(1).unwrap().notice.is_none());
-    assert_eq!(s.heartbeat_check(1, 42, 2500), HeartbeatCheck::Accept);
+    assert!(s.coordination().task(1).unwrap().notice.is_none());
+    assert_eq!(
+        s.coordination().heartbeat_check(1, 42, 2500),
+        HeartbeatCheck::Accept
+    );
 }
 
 #[test]
@@ -215,9 +258,15 @@ fn a_heartbeat_timeout_notifies_the_live_tasks_only() {
             TaskStatus::Error
         ]
     );
-    let e = s.task(0).unwrap().notice.clone().expect("notice");
+    let e = s
+        .coordination()
+        .task(0)
+        .unwrap()
+        .notice
+        .clone()
+        .expect("notice");
     code_is(&e, Code::Unavailable);
-    assert!(s.task(2).unwrap().notice.is_none());
+    assert!(s.coordination().task(2).unwrap().notice.is_none());
     // A late poller gets it too.
     let p = apply(&mut s, poll(1), 20_100);
     assert_eq!(p.error, Some(e));
@@ -229,11 +278,11 @@ fn an_error_of_a_task_that_declared_itself_recoverable_is_not_propagated() {
     apply(&mut s, register_recoverable(0, tinc(0)), 1000);
     apply(&mut s, register(1, tinc(1)), 1000);
     apply(&mut s, register(2, tinc(2)), 1000);
-    assert!(s.task(0).unwrap().recoverable);
+    assert!(s.coordination().task(0).unwrap().recoverable);
     ok(&apply(&mut s, report(0, Code::Internal, "boom"), 2000));
-    assert_eq!(s.task_status(0), Some(TaskStatus::Error));
-    assert!(s.task(1).unwrap().notice.is_none());
-    assert!(s.propagated_error().is_none());
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Error));
+    assert!(s.coordination().task(1).unwrap().notice.is_none());
+    assert!(s.coordination().propagated_error().is_none());
     // The same without notify_tasks and without pollers: nobody else errs.
     let mut s = new_state_jobs(JOBS, &Opts::default());
     apply(&mut s, register_recoverable(0, tinc(0)), 1000);
@@ -257,20 +306,26 @@ fn a_task_that_declared_itself_recoverable_reconnects_and_leaves_barriers() {
     apply(&mut s, register(1, tinc(1)), 1000);
     apply(&mut s, register(2, tinc(2)), 1000);
     // Its heartbeat with another incarnation is ignored, not an error.
-    assert_eq!(s.heartbeat_check(0, 999, 1500), HeartbeatCheck::Ignore);
+    assert_eq!(
+        s.coordination().heartbeat_check(0, 999, 1500),
+        HeartbeatCheck::Ignore
+    );
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
     // It restarts: a new incarnation connects, its old call is cancelled and
     // the barrier goes on.
     ok(&apply(&mut s, register_recoverable(0, 777), 2100));
     code_is(
-        &s.barrier_result("b", 0, c0).unwrap().unwrap_err(),
+        &s.coordination()
+            .barrier_result("b", 0, c0)
+            .unwrap()
+            .unwrap_err(),
         Code::Cancelled,
     );
-    assert_eq!(s.barrier_result("b", 0, c1), None);
+    assert_eq!(s.coordination().barrier_result("b", 0, c1), None);
     parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2200));
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 2), 2300));
-    assert_eq!(s.barrier_result("b", 0, c1), Some(Ok(0)));
+    assert_eq!(s.coordination().barrier_result("b", 0, c1), Some(Ok(0)));
     // A task that did not declare itself recoverable still may not.
     err(&apply(&mut s, register(1, 555), 2400), Code::Aborted);
 }
@@ -286,7 +341,7 @@ fn the_counter_zero_rule_follows_the_callers_own_flag() {
     // A restarted recoverable TF task sends counter 0: it opens instance 2.
     let out = apply(&mut s, arrive_recoverable("b", 0, &[], 0), 3000);
     parked(&out);
-    assert_eq!(out.value, 2);
+    assert_eq!(out.barrier_counter(), Some(2));
     // The same call from a task that is not recoverable is a mismatch.
     let mut s = cluster_jobs(JOBS, Opts::default());
     for t in 0..3 {
@@ -308,16 +363,22 @@ fn the_shutdown_barrier_waits_only_for_tasks_not_declared_recoverable() {
     // The recoverable task leaves alone.
     ok(&apply(
         &mut s,
-        journal::pb::update::Command::ShutdownTask(journal::pb::ShutdownTask {
+        journal::pb::update::Command::from(journal::pb::coordination::ShutdownTask {
             task: 2,
             recoverable: true,
         }),
         2000,
     ));
-    assert_eq!(s.task_status(2), Some(TaskStatus::Disconnected));
+    assert_eq!(
+        s.coordination().task_status(2),
+        Some(TaskStatus::Disconnected)
+    );
     let c0 = parked(&apply(&mut s, shutdown(0), 2100));
     ok(&apply(&mut s, shutdown(1), 2200));
-    assert_eq!(s.shutdown_result(c0), Some(Ok(())));
-    let id = journal::shutdown_barrier_id(SVC_INC);
-    assert_eq!(s.barrier(&id).unwrap().participants, vec![0, 1]);
+    assert_eq!(s.coordination().shutdown_result(c0), Some(Ok(())));
+    let id = journal::coordination::shutdown_barrier_id(SVC_INC);
+    assert_eq!(
+        s.coordination().barrier(&id).unwrap().participants,
+        vec![0, 1]
+    );
 }

@@ -1,34 +1,34 @@
 //! Error reporting, propagation and PollForError (reference §3.4).
-mod common;
-use common::*;
-use journal::pb::BarrierStatus;
-use journal::{Code, TaskStatus};
+
+use crate::common::*;
+use journal::pb::coordination::BarrierStatus;
+use journal::{coordination::TaskStatus, Code};
 
 #[test]
 fn reported_error_is_delivered_to_pending_pollers_with_payload() {
     let mut s = cluster(3, Opts::default());
     let p0 = parked(&apply(&mut s, poll(0), 1500));
     let p1 = parked(&apply(&mut s, poll(1), 1500));
-    assert_eq!(s.poll_result(0, p0), None);
+    assert_eq!(s.coordination().poll_result(0, p0), None);
     ok(&apply(
         &mut s,
         report(2, Code::Internal, "boom from 2"),
         2000,
     ));
     for (t, p) in [(0, p0), (1, p1)] {
-        let e = s.poll_result(t, p).expect("answered");
+        let e = s.coordination().poll_result(t, p).expect("answered");
         code_is(&e, Code::Internal);
         assert_eq!(e.message, "boom from 2");
         assert!(e.coordination_payload);
         assert!(e.is_reported_error);
         assert_eq!(e.source_task, Some(2));
     }
-    assert_eq!(s.task_status(2), Some(TaskStatus::Error));
-    let te = s.task(2).unwrap().error.clone().unwrap();
+    assert_eq!(s.coordination().task_status(2), Some(TaskStatus::Error));
+    let te = s.coordination().task(2).unwrap().error.clone().unwrap();
     assert!(te.is_reported_error);
     // Other tasks are not set to ERROR when someone polls.
-    assert_eq!(s.task_status(0), Some(TaskStatus::Connected));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Connected));
 }
 
 #[test]
@@ -47,8 +47,14 @@ fn error_is_propagated_only_once() {
     let p0 = parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, report(1, Code::Internal, "first"), 2000));
     ok(&apply(&mut s, report(2, Code::Aborted, "second"), 2100));
-    assert_eq!(s.poll_result(0, p0).unwrap().message, "first");
-    assert_eq!(s.propagated_error().unwrap().message, "first");
+    assert_eq!(
+        s.coordination().poll_result(0, p0).unwrap().message,
+        "first"
+    );
+    assert_eq!(
+        s.coordination().propagated_error().unwrap().message,
+        "first"
+    );
 }
 
 #[test]
@@ -57,14 +63,23 @@ fn nobody_ever_polled_sets_all_tasks_to_error() {
     ok(&apply(&mut s, report(1, Code::Internal, "boom"), 2000));
     assert_eq!(statuses(&s), vec![TaskStatus::Error; 3]);
     for t in [0, 2] {
-        let te = s.task(t).unwrap().error.clone().unwrap();
+        let te = s.coordination().task(t).unwrap().error.clone().unwrap();
         code_is(&te, Code::Internal);
         contains(&te, "All tasks were set to error because coordination service encountered an error, but was unable to inform clients. Error: INTERNAL: boom");
         assert!(te.coordination_payload);
     }
     // The source keeps its own first error.
-    assert_eq!(s.task(1).unwrap().error.as_ref().unwrap().message, "boom");
-    assert!(s.propagated_error().is_none());
+    assert_eq!(
+        s.coordination()
+            .task(1)
+            .unwrap()
+            .error
+            .as_ref()
+            .unwrap()
+            .message,
+        "boom"
+    );
+    assert!(s.coordination().propagated_error().is_none());
     // A late poller is told it is in error.
     let e = err(&apply(&mut s, poll(0), 3000), Code::FailedPrecondition);
     contains(&e, "already in error state polling for errors");
@@ -78,7 +93,10 @@ fn report_error_requires_connected_task() {
         Code::FailedPrecondition,
     );
     contains(&e, "The task is not connected or already has an error.");
-    assert_eq!(s.task_status(0), Some(TaskStatus::Disconnected));
+    assert_eq!(
+        s.coordination().task_status(0),
+        Some(TaskStatus::Disconnected)
+    );
     let e = err(
         &apply(&mut s, report(4, Code::Internal, "x"), 1),
         Code::InvalidArgument,
@@ -95,7 +113,16 @@ fn report_error_twice_is_failed_precondition() {
         &apply(&mut s, report(1, Code::Internal, "y"), 2100),
         Code::FailedPrecondition,
     );
-    assert_eq!(s.task(1).unwrap().error.as_ref().unwrap().message, "x");
+    assert_eq!(
+        s.coordination()
+            .task(1)
+            .unwrap()
+            .error
+            .as_ref()
+            .unwrap()
+            .message,
+        "x"
+    );
 }
 
 #[test]
@@ -104,13 +131,13 @@ fn second_poll_of_same_task_cancels_the_first() {
     let a = parked(&apply(&mut s, poll(0), 1500));
     let b = parked(&apply(&mut s, poll(0), 1600));
     assert_ne!(a, b);
-    let e = s.poll_result(0, a).unwrap();
+    let e = s.coordination().poll_result(0, a).unwrap();
     code_is(&e, Code::Cancelled);
     assert_eq!(
         e.message,
         "Cancelled error polling because: new request from the same task"
     );
-    assert_eq!(s.poll_result(0, b), None);
+    assert_eq!(s.coordination().poll_result(0, b), None);
 }
 
 #[test]
@@ -138,7 +165,7 @@ fn poll_is_cancelled_when_task_disconnects() {
     let mut s = cluster(2, Opts::no_shutdown_barrier());
     let p = parked(&apply(&mut s, poll(1), 1500));
     ok(&apply(&mut s, shutdown(1), 2000));
-    let e = s.poll_result(1, p).unwrap();
+    let e = s.coordination().poll_result(1, p).unwrap();
     code_is(&e, Code::Cancelled);
     assert_eq!(
         e.message,
@@ -151,11 +178,11 @@ fn recoverable_service_does_not_propagate_errors() {
     let mut s = cluster(3, Opts::recoverable());
     let p0 = parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, report(1, Code::Internal, "boom"), 2000));
-    assert_eq!(s.poll_result(0, p0), None);
-    assert!(s.propagated_error().is_none());
-    assert_eq!(s.task_status(1), Some(TaskStatus::Error));
-    assert_eq!(s.task_status(0), Some(TaskStatus::Connected));
-    assert_eq!(s.task_status(2), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().poll_result(0, p0), None);
+    assert!(s.coordination().propagated_error().is_none());
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Error));
+    assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task_status(2), Some(TaskStatus::Connected));
 }
 
 #[test]
@@ -178,10 +205,14 @@ fn task_error_fails_barriers_that_include_it_only() {
     parked(&apply(&mut s, poll(0), 1500));
     let all = parked(&apply(&mut s, arrive("all", 0, 60_000, &[], 0), 2000));
     let sub = parked(&apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 0), 2000));
-    let v = s.tasks_version();
+    let v = s.coordination().tasks_version();
     ok(&apply(&mut s, report(2, Code::Internal, "dead"), 2100));
-    assert!(s.tasks_version() > v);
-    let e = s.barrier_result("all", 0, all).unwrap().unwrap_err();
+    assert!(s.coordination().tasks_version() > v);
+    let e = s
+        .coordination()
+        .barrier_result("all", 0, all)
+        .unwrap()
+        .unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -189,11 +220,14 @@ fn task_error_fails_barriers_that_include_it_only() {
     );
     assert_eq!(e.barrier.as_ref().unwrap().id, "all");
     assert_eq!(e.barrier.as_ref().unwrap().counter, 0);
-    assert_eq!(s.barrier_result("sub", 0, sub), None);
-    assert_eq!(s.barrier("sub").unwrap().status(), BarrierStatus::Pending);
+    assert_eq!(s.coordination().barrier_result("sub", 0, sub), None);
+    assert_eq!(
+        s.coordination().barrier("sub").unwrap().status(),
+        BarrierStatus::Pending
+    );
     let out = apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 1), 2200);
     ok(&out);
-    assert_eq!(s.barrier_result("sub", 0, sub), Some(Ok(0)));
+    assert_eq!(s.coordination().barrier_result("sub", 0, sub), Some(Ok(0)));
 }
 
 // ---- XLA's PollForError-after-shutdown scenarios (tests/README.md) ---------

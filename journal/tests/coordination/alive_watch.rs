@@ -1,7 +1,10 @@
 //! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
-mod common;
-use common::*;
-use journal::{AliveTasks, Code, TaskStatus};
+
+use crate::common::*;
+use journal::{
+    coordination::{AliveTasks, TaskStatus},
+    Code,
+};
 
 #[test]
 fn requester_outside_the_set_is_invalid_argument_without_payload() {
@@ -22,20 +25,26 @@ fn alive_tasks_is_a_rendezvous_of_connected_tasks() {
     let mut s = cluster(3, Opts::default());
     let a = apply(&mut s, alive(0, &[1, 0]), 2000);
     parked(&a);
-    let gen = a.value as u64;
-    assert_eq!(s.alive_result(&[0, 1], gen), None);
+    let gen = a.alive_generation().unwrap();
+    assert_eq!(s.coordination().alive_result(&[0, 1], gen), None);
     let b = apply(&mut s, alive(1, &[0, 1]), 2100);
-    assert_eq!(b.value as u64, gen, "same round");
+    assert_eq!(b.alive_generation().unwrap(), gen, "same round");
     let expected = AliveTasks {
         tasks: vec![0, 1],
         incarnations: vec![tinc(0), tinc(1)],
     };
-    assert_eq!(s.alive_result(&[1, 0], gen), Some(Ok(expected.clone())));
-    assert_eq!(s.alive_result(&[0, 1], gen), Some(Ok(expected)));
+    assert_eq!(
+        s.coordination().alive_result(&[1, 0], gen),
+        Some(Ok(expected.clone()))
+    );
+    assert_eq!(
+        s.coordination().alive_result(&[0, 1], gen),
+        Some(Ok(expected))
+    );
     // A new round starts with the next generation.
     let c = apply(&mut s, alive(0, &[0, 1]), 2200);
-    assert_eq!(c.value as u64, gen + 1);
-    assert_eq!(s.alive_result(&[0, 1], gen + 1), None);
+    assert_eq!(c.alive_generation().unwrap(), gen + 1);
+    assert_eq!(s.coordination().alive_result(&[0, 1], gen + 1), None);
 }
 
 #[test]
@@ -43,12 +52,12 @@ fn pending_alive_round_finishes_when_a_task_errors() {
     let mut s = cluster(3, Opts::default());
     parked(&apply(&mut s, poll(0), 1500));
     let a = apply(&mut s, alive(0, &[0, 1, 2]), 2000);
-    let gen = a.value as u64;
+    let gen = a.alive_generation().unwrap();
     parked(&apply(&mut s, alive(1, &[0, 1, 2]), 2000));
-    assert_eq!(s.alive_result(&[0, 1, 2], gen), None);
+    assert_eq!(s.coordination().alive_result(&[0, 1, 2], gen), None);
     ok(&apply(&mut s, unhealthy(&[2]), 3000));
     assert_eq!(
-        s.alive_result(&[0, 1, 2], gen),
+        s.coordination().alive_result(&[0, 1, 2], gen),
         Some(Ok(AliveTasks {
             tasks: vec![0, 1],
             incarnations: vec![tinc(0), tinc(1)],
@@ -59,9 +68,15 @@ fn pending_alive_round_finishes_when_a_task_errors() {
 #[test]
 fn pending_alive_round_finishes_when_a_task_disconnects() {
     let mut s = cluster(3, Opts::no_shutdown_barrier());
-    let gen = apply(&mut s, alive(0, &[0, 2]), 2000).value as u64;
+    let gen = apply(&mut s, alive(0, &[0, 2]), 2000)
+        .alive_generation()
+        .unwrap();
     ok(&apply(&mut s, shutdown(2), 2100));
-    let r = s.alive_result(&[0, 2], gen).unwrap().unwrap();
+    let r = s
+        .coordination()
+        .alive_result(&[0, 2], gen)
+        .unwrap()
+        .unwrap();
     assert_eq!(r.tasks, vec![0]);
     assert_eq!(r.incarnations, vec![tinc(0)]);
 }
@@ -72,41 +87,51 @@ fn disconnected_tasks_are_not_waited_for() {
     ok(&apply(&mut s, shutdown(1), 1500));
     let out = apply(&mut s, alive(0, &[0, 1]), 2000);
     assert!(!out.is_err());
-    let r = s.alive_result(&[0, 1], out.value as u64).unwrap().unwrap();
+    let r = s
+        .coordination()
+        .alive_result(&[0, 1], out.alive_generation().unwrap())
+        .unwrap()
+        .unwrap();
     assert_eq!(r.tasks, vec![0]);
 }
 
 #[test]
 fn watch_tasks_answers_old_and_future_versions_and_waits_on_current() {
     let s = cluster(2, Opts::default());
-    let v = s.tasks_version();
+    let v = s.coordination().tasks_version();
     assert!(v > 0, "registration bumped the version");
-    assert!(s.watch_tasks_ready(-1));
-    assert!(s.watch_tasks_ready(v - 1));
-    assert!(!s.watch_tasks_ready(v));
-    assert!(s.watch_tasks_ready(v + 5), "future version answers at once");
+    assert!(s.coordination().watch_tasks_ready(-1));
+    assert!(s.coordination().watch_tasks_ready(v - 1));
+    assert!(!s.coordination().watch_tasks_ready(v));
+    assert!(
+        s.coordination().watch_tasks_ready(v + 5),
+        "future version answers at once"
+    );
 }
 
 #[test]
 fn watch_version_bumps_on_every_task_state_change() {
     let mut s = new_state(2, &Opts::no_shutdown_barrier());
-    let v0 = s.tasks_version();
+    let v0 = s.coordination().tasks_version();
     parked(&apply(&mut s, register(0, 1), 10));
     ok(&apply(&mut s, register(1, 2), 10));
-    let v1 = s.tasks_version();
+    let v1 = s.coordination().tasks_version();
     assert!(v1 > v0);
-    assert!(s.watch_tasks_ready(v0));
+    assert!(s.coordination().watch_tasks_ready(v0));
     parked(&apply(&mut s, poll(0), 20));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 30));
-    let v2 = s.tasks_version();
+    let v2 = s.coordination().tasks_version();
     assert!(v2 > v1);
     ok(&apply(&mut s, shutdown(0), 40));
-    assert!(s.tasks_version() > v2);
+    assert!(s.coordination().tasks_version() > v2);
     // Non-state changes do not bump it.
-    let v3 = s.tasks_version();
+    let v3 = s.coordination().tasks_version();
     ok(&apply(&mut s, insert("k", "v", false), 50));
-    assert_eq!(s.tasks_version(), v3);
-    assert_eq!(s.task_status(0), Some(TaskStatus::Disconnected));
+    assert_eq!(s.coordination().tasks_version(), v3);
+    assert_eq!(
+        s.coordination().task_status(0),
+        Some(TaskStatus::Disconnected)
+    );
 }
 
 // ---- XLA's WatchTasks / GetAliveTasks scenarios (tests/README.md) ----------
@@ -115,19 +140,22 @@ fn watch_version_bumps_on_every_task_state_change() {
 fn watch_shows_a_reset_task_disconnected_then_its_new_incarnation() {
     // XLA: WatchTasksReturnsDisconnected, WatchTasksReturnsNewIncarnation.
     let mut s = cluster_jobs(&[("worker", 2)], Opts::no_shutdown_barrier());
-    let v0 = s.tasks_version();
+    let v0 = s.coordination().tasks_version();
     ok(&apply(&mut s, reset_task(1), 2000));
-    assert!(s.watch_tasks_ready(v0));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Disconnected));
-    let v1 = s.tasks_version();
+    assert!(s.coordination().watch_tasks_ready(v0));
+    assert_eq!(
+        s.coordination().task_status(1),
+        Some(TaskStatus::Disconnected)
+    );
+    let v1 = s.coordination().tasks_version();
     assert!(
-        !s.watch_tasks_ready(v1),
+        !s.coordination().watch_tasks_ready(v1),
         "a watch on the current version waits"
     );
     ok(&apply(&mut s, register(1, 4242), 2100));
-    assert!(s.watch_tasks_ready(v1));
-    assert_eq!(s.task_status(1), Some(TaskStatus::Connected));
-    assert_eq!(s.task(1).unwrap().incarnation, 4242);
+    assert!(s.coordination().watch_tasks_ready(v1));
+    assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Connected));
+    assert_eq!(s.coordination().task(1).unwrap().incarnation, 4242);
 }
 
 #[test]
@@ -136,23 +164,23 @@ fn alive_rounds_over_different_sets_run_concurrently() {
     let mut s = cluster(3, Opts::recoverable());
     let a = apply(&mut s, alive(0, &[0, 1]), 2000);
     let b = apply(&mut s, alive(2, &[1, 2]), 2000);
-    let (ga, gb) = (a.value as u64, b.value as u64);
+    let (ga, gb) = (a.alive_generation().unwrap(), b.alive_generation().unwrap());
     ok_or_parked(&apply(&mut s, alive(1, &[0, 1]), 2100));
     assert_eq!(
-        s.alive_result(&[0, 1], ga),
+        s.coordination().alive_result(&[0, 1], ga),
         Some(Ok(AliveTasks {
             tasks: vec![0, 1],
             incarnations: vec![tinc(0), tinc(1)],
         }))
     );
     assert_eq!(
-        s.alive_result(&[1, 2], gb),
+        s.coordination().alive_result(&[1, 2], gb),
         None,
         "the other round still waits"
     );
     ok_or_parked(&apply(&mut s, alive(1, &[1, 2]), 2200));
     assert_eq!(
-        s.alive_result(&[1, 2], gb),
+        s.coordination().alive_result(&[1, 2], gb),
         Some(Ok(AliveTasks {
             tasks: vec![1, 2],
             incarnations: vec![tinc(1), tinc(2)],
@@ -166,10 +194,15 @@ fn a_repeated_alive_call_of_one_task_is_answered_with_its_round() {
     let mut s = cluster(2, Opts::recoverable());
     let first = apply(&mut s, alive(0, &[0, 1]), 2000);
     let again = apply(&mut s, alive(0, &[0, 1]), 2050);
-    assert_eq!(first.value, again.value, "the same round");
+    assert_eq!(
+        first.alive_generation(),
+        again.alive_generation(),
+        "the same round"
+    );
     ok_or_parked(&apply(&mut s, alive(1, &[0, 1]), 2100));
     assert!(matches!(
-        s.alive_result(&[0, 1], first.value as u64),
+        s.coordination()
+            .alive_result(&[0, 1], first.alive_generation().unwrap()),
         Some(Ok(_))
     ));
 }

@@ -4,10 +4,11 @@
 
 use bytes::Bytes;
 
-use crate::barrier::{shutdown_barrier_id, wait_all_barrier_id, REGISTER_BARRIER};
-use crate::errors::{self, UnknownTaskIn};
-use crate::pb::{Code, DomainError, Outcome, ReportError, TaskStatus};
-use crate::state::State;
+use super::barrier::{shutdown_barrier_id, wait_all_barrier_id, REGISTER_BARRIER};
+use super::errors::{self, UnknownTaskIn};
+use super::{Reader, Writer};
+use crate::pb::coordination::{ReportError, TaskStatus};
+use crate::pb::{Code, DomainError, Outcome};
 
 /// Timeout of the WaitForAllTasks device-propagation barrier (upstream: 1 h).
 pub const WAIT_FOR_ALL_TASKS_TIMEOUT_MS: u64 = 3_600_000;
@@ -27,24 +28,7 @@ pub enum HeartbeatCheck {
     Mismatch(DomainError),
 }
 
-impl State {
-    fn heartbeat_timeout_ms(&self) -> u64 {
-        self.data
-            .config
-            .as_ref()
-            .map_or(0, |c| c.heartbeat_timeout_ms)
-    }
-
-    /// A DISCONNECTED task is "beyond the grace period" once one heartbeat
-    /// timeout has passed since it disconnected (or if it never connected).
-    pub(crate) fn beyond_grace(&self, task: u32, now_ms: u64) -> bool {
-        let t = self.entry(task);
-        t.disconnected_at_ms == 0
-            || now_ms
-                >= t.disconnected_at_ms
-                    .saturating_add(self.heartbeat_timeout_ms())
-    }
-
+impl Writer<'_, '_> {
     // ------------------------------------------------------ registration ----
 
     pub(crate) fn register_task(
@@ -54,15 +38,15 @@ impl State {
         declared_recoverable: bool,
         at: u64,
     ) -> Outcome {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::Register) {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::Register) {
             return Outcome::err(e);
         }
-        let label = self.label(task);
+        let label = self.cl.label(task);
         // Upstream records the task's own flag on every registration, before
         // looking at its state.
-        self.entry_mut(task).recoverable = declared_recoverable;
+        self.data.entry_mut(task).recoverable = declared_recoverable;
         let recoverable = self.task_recoverable(task);
-        let t = self.entry(task).clone();
+        let t = self.data.entry(task).clone();
         match t.status() {
             TaskStatus::Error => {
                 let existing = t.error.clone().unwrap_or_default();
@@ -81,14 +65,15 @@ impl State {
             }
             TaskStatus::Connected => {
                 if t.incarnation == incarnation {
-                    return Outcome::incarnation(self.data.service_incarnation);
+                    return super::registered(self.cl.service_incarnation);
                 }
                 if recoverable {
                     self.leave_ongoing_barriers(task, errors::LEAVE_REASON_RECONNECTED, at);
-                    self.entry_mut(task).incarnation = incarnation;
-                    self.entry_mut(task).notice = None;
+                    self.cx.task_lost(task);
+                    self.data.entry_mut(task).incarnation = incarnation;
+                    self.data.entry_mut(task).notice = None;
                     self.bump_tasks_version();
-                    return Outcome::incarnation(self.data.service_incarnation);
+                    return super::registered(self.cl.service_incarnation);
                 }
                 let e = errors::different_incarnation(&label).with_source_task(task);
                 self.set_task_error(task, e.clone(), at);
@@ -100,61 +85,38 @@ impl State {
     }
 
     fn register_disconnected(&mut self, task: u32, incarnation: u64, at: u64) -> Outcome {
-        let cfg = self.cfg();
+        let cfg = self.cl.cfg();
         let barrier_open = cfg.register_with_barrier
             && self
                 .data
                 .barriers
                 .get(REGISTER_BARRIER)
-                .is_none_or(|b| b.status() == crate::pb::BarrierStatus::Pending);
+                .is_none_or(|b| b.status() == crate::pb::coordination::BarrierStatus::Pending);
         if !barrier_open {
             self.connect_task(task, incarnation);
-            return Outcome::incarnation(self.data.service_incarnation);
+            return super::registered(self.cl.service_incarnation);
         }
-        if self.entry(task).pending_incarnation == Some(incarnation) {
+        if self.data.entry(task).pending_incarnation == Some(incarnation) {
             // The same registration again (a retry): keep waiting.
             return Outcome::parked(0);
         }
         // A newer registration supersedes a pending older one (which then
         // answers ALREADY_EXISTS through `registration_result`).
-        self.entry_mut(task).pending_incarnation = Some(incarnation);
+        self.data.entry_mut(task).pending_incarnation = Some(incarnation);
         let timeout = (cfg.register_timeout_ms > 0).then_some(cfg.register_timeout_ms);
         let out = self.arrive(REGISTER_BARRIER, 0, timeout, &[], "", task, false, at);
         if out.is_err() {
             return out;
         }
-        match self.registration_result(task, incarnation) {
-            Some(Ok(inc)) => Outcome::incarnation(inc),
+        match self.r().registration_result(task, incarnation) {
+            Some(Ok(inc)) => super::registered(inc),
             Some(Err(e)) => Outcome::err(e),
             None => Outcome::parked(out.call_id),
         }
     }
 
-    /// The answer of a parked RegisterTask of `task` with `incarnation`, or
-    /// `None` while it must keep waiting.
-    pub fn registration_result(
-        &self,
-        task: u32,
-        incarnation: u64,
-    ) -> Option<Result<u64, DomainError>> {
-        let t = self.task(task)?;
-        if t.status() == TaskStatus::Connected && t.incarnation == incarnation {
-            return Some(Ok(self.data.service_incarnation));
-        }
-        if t.pending_incarnation == Some(incarnation) {
-            return match self.data.barriers.get(REGISTER_BARRIER) {
-                Some(b) if b.status() == crate::pb::BarrierStatus::Failed => {
-                    Some(Err(b.error.clone().unwrap_or_default()))
-                }
-                Some(b) if b.status() == crate::pb::BarrierStatus::Pending => None,
-                _ => Some(Err(errors::newer_incarnation_connecting())),
-            };
-        }
-        Some(Err(errors::newer_incarnation_connecting()))
-    }
-
     pub(crate) fn connect_task(&mut self, task: u32, incarnation: u64) {
-        let t = self.entry_mut(task);
+        let t = self.data.entry_mut(task);
         t.set_status(TaskStatus::Connected);
         t.incarnation = incarnation;
         t.pending_incarnation = None;
@@ -166,45 +128,8 @@ impl State {
 
     // -------------------------------------------------------- heartbeats ----
 
-    /// Decides a heartbeat of `task` with `incarnation` at `now_ms`.
-    pub fn heartbeat_check(&self, task: u32, incarnation: u64, now_ms: u64) -> HeartbeatCheck {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::Heartbeat) {
-            return HeartbeatCheck::Reject(e);
-        }
-        let label = self.label(task);
-        let t = self.entry(task);
-        match t.status() {
-            TaskStatus::Error => {
-                return HeartbeatCheck::Reject(errors::heartbeat_task_in_error(
-                    &label,
-                    t.error.as_ref().unwrap_or(&DomainError::default()),
-                ))
-            }
-            TaskStatus::Disconnected if self.beyond_grace(task, now_ms) => {
-                return HeartbeatCheck::Reject(errors::heartbeat_not_registered(&label))
-            }
-            _ => {}
-        }
-        if t.incarnation == incarnation {
-            match &t.notice {
-                // An error propagated to this task (notify_tasks): its
-                // heartbeat carries it; the task stays CONNECTED.
-                Some(e) if t.status() == TaskStatus::Connected => HeartbeatCheck::Reject(e.clone()),
-                _ => HeartbeatCheck::Accept,
-            }
-        } else if self.task_recoverable(task) {
-            HeartbeatCheck::Ignore
-        } else {
-            HeartbeatCheck::Mismatch(errors::heartbeat_incarnation_mismatch(
-                &label,
-                t.incarnation,
-                incarnation,
-            ))
-        }
-    }
-
     pub(crate) fn heartbeat(&mut self, task: u32, incarnation: u64, at: u64) -> Outcome {
-        match self.heartbeat_check(task, incarnation, at) {
+        match self.r().heartbeat_check(task, incarnation, at) {
             HeartbeatCheck::Accept | HeartbeatCheck::Ignore => Outcome::ok(),
             HeartbeatCheck::Reject(e) => Outcome::err(e),
             HeartbeatCheck::Mismatch(e) => {
@@ -219,10 +144,10 @@ impl State {
         let mut stale = Vec::new();
         let mut sources = Vec::new();
         for &task in tasks {
-            if self.task_status(task) != Some(TaskStatus::Connected) {
+            if self.data.task_status(task) != Some(TaskStatus::Connected) {
                 continue;
             }
-            let label = self.label(task);
+            let label = self.cl.label(task);
             self.set_task_error(task, errors::heartbeat_timeout(&label), at);
             stale.push(label);
             sources.push(task);
@@ -236,10 +161,10 @@ impl State {
     // ---------------------------------------------------- errors and polls ----
 
     pub(crate) fn report_error(&mut self, c: &ReportError, at: u64) -> Outcome {
-        if let Err(e) = self.check_task(c.task, UnknownTaskIn::ReportError) {
+        if let Err(e) = self.data.check_task(c.task, UnknownTaskIn::ReportError) {
             return Outcome::err(e);
         }
-        if self.entry(c.task).status() != TaskStatus::Connected {
+        if self.data.entry(c.task).status() != TaskStatus::Connected {
             return Outcome::err(errors::report_not_connected());
         }
         let mut e = errors::with_payload(c.code(), c.message.clone()).with_source_task(c.task);
@@ -252,22 +177,23 @@ impl State {
     /// Sets a task to ERROR (a task already in ERROR keeps its first error),
     /// fails the barriers it takes part in and re-evaluates rendezvous.
     pub(crate) fn set_task_error(&mut self, task: u32, e: DomainError, at: u64) {
-        if self.entry(task).status() == TaskStatus::Error {
+        if self.data.entry(task).status() == TaskStatus::Error {
             return;
         }
         let reason = errors::leave_reason_error(&e);
-        let t = self.entry_mut(task);
+        let t = self.data.entry_mut(task);
         t.set_status(TaskStatus::Error);
         t.error = Some(e);
         // `pending_incarnation` stays: a registration waiting at a barrier
         // that now fails must still find its answer (the barrier's error).
+        self.cx.task_lost(task);
         self.bump_tasks_version();
         self.leave_ongoing_barriers(task, &reason, at);
         self.reevaluate_alive_rounds();
     }
 
     pub(crate) fn set_all_tasks_error(&mut self, e: &DomainError, at: u64) {
-        for task in 0..self.task_count() {
+        for task in 0..self.data.task_count() {
             self.set_task_error(task, e.clone(), at);
         }
     }
@@ -279,13 +205,13 @@ impl State {
     /// a notice and stays CONNECTED; without it (XLA's), if nobody ever
     /// polled every task is set to ERROR.
     pub(crate) fn propagate_error(&mut self, e: DomainError, sources: &[u32], at: u64) {
-        if self.recoverable() {
+        if self.cl.recoverable() {
             return;
         }
         if !sources.is_empty() && sources.iter().all(|&t| self.task_recoverable(t)) {
             return;
         }
-        if self.notify_tasks() {
+        if self.cl.notify_tasks() {
             for t in &mut self.data.tasks {
                 if t.poll_id != 0 && t.poll_result.is_none() {
                     t.poll_result = Some(e.clone());
@@ -317,12 +243,12 @@ impl State {
 
     pub(crate) fn poll_for_error(&mut self, task: u32, at: u64) -> Outcome {
         self.data.any_polled = true;
-        if let Err(e) = self.check_task(task, UnknownTaskIn::PollForError) {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::PollForError) {
             return Outcome::err(e);
         }
-        let label = self.label(task);
-        let t = self.entry(task);
-        if t.status() == TaskStatus::Disconnected && self.beyond_grace(task, at) {
+        let label = self.cl.label(task);
+        let t = self.data.entry(task);
+        if t.status() == TaskStatus::Disconnected && self.r().beyond_grace(task, at) {
             return Outcome::err(errors::poll_not_registered(&label));
         }
         if t.status() == TaskStatus::Error {
@@ -333,10 +259,188 @@ impl State {
             return Outcome::err(e.clone());
         }
         let call = self.next_call_id();
-        let t = self.entry_mut(task);
+        let t = self.data.entry_mut(task);
         t.poll_id = call;
         t.poll_result = None;
         Outcome::parked(call)
+    }
+
+    // ---------------------------------------------------------- shutdown ----
+
+    /// Disconnects a task: cancels its poll, makes it leave its barriers.
+    pub(crate) fn disconnect_task(&mut self, task: u32, at: u64) {
+        let t = self.data.entry_mut(task);
+        t.set_status(TaskStatus::Disconnected);
+        t.disconnected_at_ms = at.max(1);
+        t.error = None;
+        t.notice = None;
+        t.pending_incarnation = None;
+        if t.poll_id != 0 && t.poll_result.is_none() {
+            t.poll_result = Some(errors::poll_cancelled("task has disconnected."));
+        }
+        self.cx.task_lost(task);
+        self.bump_tasks_version();
+        self.leave_ongoing_barriers(task, errors::LEAVE_REASON_DISCONNECTED, at);
+        self.reevaluate_alive_rounds();
+    }
+
+    pub(crate) fn shutdown_task(
+        &mut self,
+        task: u32,
+        declared_recoverable: bool,
+        at: u64,
+    ) -> Outcome {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::Disconnect) {
+            return Outcome::err(e);
+        }
+        let label = self.cl.label(task);
+        // A task that declares itself recoverable leaves alone (upstream reads
+        // the flag from the ShutdownTask request).
+        if !self.r().uses_shutdown_barrier() || declared_recoverable {
+            if self.data.entry(task).status() == TaskStatus::Disconnected {
+                return Outcome::err(errors::already_disconnected(&label));
+            }
+            self.disconnect_task(task, at);
+            return Outcome::ok();
+        }
+        let id = shutdown_barrier_id(self.cl.service_incarnation);
+        if let Some(b) = self.data.barriers.get(&id) {
+            match b.status() {
+                crate::pb::coordination::BarrierStatus::Pending => {}
+                crate::pb::coordination::BarrierStatus::Passed => {
+                    // Replay: a task that registered again disconnects now.
+                    if self.data.entry(task).status() == TaskStatus::Disconnected {
+                        let e = errors::already_disconnected(&label);
+                        return Outcome::err(errors::shutdown_barrier_failed(&e));
+                    }
+                    self.disconnect_task(task, at);
+                    return Outcome::ok();
+                }
+                crate::pb::coordination::BarrierStatus::Failed => {
+                    let e = b.error.clone().unwrap_or_default();
+                    return Outcome::err(errors::shutdown_barrier_failed(&e));
+                }
+            }
+        }
+        let timeout = self.cl.cfg().shutdown_timeout_ms;
+        let participants = self.r().shutdown_participants(&id);
+        let mut out = self.arrive(&id, 0, Some(timeout), &participants, "", task, false, at);
+        if let Some(e) = out.error.take() {
+            out.error = Some(errors::shutdown_barrier_failed(&e));
+        }
+        out
+    }
+
+    pub(crate) fn reset_task(&mut self, task: u32, at: u64) -> Outcome {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::Disconnect) {
+            return Outcome::err(e);
+        }
+        if self.data.entry(task).status() == TaskStatus::Disconnected {
+            return Outcome::err(errors::already_disconnected(&self.cl.label(task)));
+        }
+        self.disconnect_task(task, at);
+        Outcome::ok()
+    }
+
+    // ------------------------------------------------- WaitForAllTasks (tf) ----
+
+    pub(crate) fn wait_for_all_tasks(&mut self, task: u32, info: &Bytes, at: u64) -> Outcome {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::WaitForAllTasks) {
+            return Outcome::err(e);
+        }
+        // Upstream keeps the device info of a task's first call that lists
+        // any (empty `info`: none listed).
+        let t = self.data.entry_mut(task);
+        if t.device_info.is_none() && !info.is_empty() {
+            t.device_info = Some(info.clone());
+        }
+        let id = wait_all_barrier_id(self.cl.service_incarnation);
+        self.arrive(
+            &id,
+            0,
+            Some(WAIT_FOR_ALL_TASKS_TIMEOUT_MS),
+            &[],
+            "",
+            task,
+            false,
+            at,
+        )
+    }
+}
+
+impl<'a> Reader<'a> {
+    fn heartbeat_timeout_ms(&self) -> u64 {
+        self.cl.config.map_or(0, |c| c.heartbeat_timeout_ms)
+    }
+
+    /// A DISCONNECTED task is "beyond the grace period" once one heartbeat
+    /// timeout has passed since it disconnected (or if it never connected).
+    pub(crate) fn beyond_grace(&self, task: u32, now_ms: u64) -> bool {
+        let t = self.data.entry(task);
+        t.disconnected_at_ms == 0
+            || now_ms
+                >= t.disconnected_at_ms
+                    .saturating_add(self.heartbeat_timeout_ms())
+    }
+
+    /// The answer of a parked RegisterTask of `task` with `incarnation`, or
+    /// `None` while it must keep waiting.
+    pub fn registration_result(
+        &self,
+        task: u32,
+        incarnation: u64,
+    ) -> Option<Result<u64, DomainError>> {
+        let t = self.task(task)?;
+        if t.status() == TaskStatus::Connected && t.incarnation == incarnation {
+            return Some(Ok(self.cl.service_incarnation));
+        }
+        if t.pending_incarnation == Some(incarnation) {
+            return match self.data.barriers.get(REGISTER_BARRIER) {
+                Some(b) if b.status() == crate::pb::coordination::BarrierStatus::Failed => {
+                    Some(Err(b.error.clone().unwrap_or_default()))
+                }
+                Some(b) if b.status() == crate::pb::coordination::BarrierStatus::Pending => None,
+                _ => Some(Err(errors::newer_incarnation_connecting())),
+            };
+        }
+        Some(Err(errors::newer_incarnation_connecting()))
+    }
+
+    /// Decides a heartbeat of `task` with `incarnation` at `now_ms`.
+    pub fn heartbeat_check(&self, task: u32, incarnation: u64, now_ms: u64) -> HeartbeatCheck {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::Heartbeat) {
+            return HeartbeatCheck::Reject(e);
+        }
+        let label = self.cl.label(task);
+        let t = self.data.entry(task);
+        match t.status() {
+            TaskStatus::Error => {
+                return HeartbeatCheck::Reject(errors::heartbeat_task_in_error(
+                    &label,
+                    t.error.as_ref().unwrap_or(&DomainError::default()),
+                ))
+            }
+            TaskStatus::Disconnected if self.beyond_grace(task, now_ms) => {
+                return HeartbeatCheck::Reject(errors::heartbeat_not_registered(&label))
+            }
+            _ => {}
+        }
+        if t.incarnation == incarnation {
+            match &t.notice {
+                // An error propagated to this task (notify_tasks): its
+                // heartbeat carries it; the task stays CONNECTED.
+                Some(e) if t.status() == TaskStatus::Connected => HeartbeatCheck::Reject(e.clone()),
+                _ => HeartbeatCheck::Accept,
+            }
+        } else if self.task_recoverable(task) {
+            HeartbeatCheck::Ignore
+        } else {
+            HeartbeatCheck::Mismatch(errors::heartbeat_incarnation_mismatch(
+                &label,
+                t.incarnation,
+                incarnation,
+            ))
+        }
     }
 
     /// The answer of a parked PollForError (`poll_id` from its outcome), or
@@ -351,26 +455,8 @@ impl State {
         t.poll_result.clone()
     }
 
-    // ---------------------------------------------------------- shutdown ----
-
-    /// Disconnects a task: cancels its poll, makes it leave its barriers.
-    pub(crate) fn disconnect_task(&mut self, task: u32, at: u64) {
-        let t = self.entry_mut(task);
-        t.set_status(TaskStatus::Disconnected);
-        t.disconnected_at_ms = at.max(1);
-        t.error = None;
-        t.notice = None;
-        t.pending_incarnation = None;
-        if t.poll_id != 0 && t.poll_result.is_none() {
-            t.poll_result = Some(errors::poll_cancelled("task has disconnected."));
-        }
-        self.bump_tasks_version();
-        self.leave_ongoing_barriers(task, errors::LEAVE_REASON_DISCONNECTED, at);
-        self.reevaluate_alive_rounds();
-    }
-
     fn uses_shutdown_barrier(&self) -> bool {
-        let cfg = self.cfg();
+        let cfg = self.cl.cfg();
         !cfg.recoverable && cfg.shutdown_timeout_ms > 0
     }
 
@@ -384,8 +470,10 @@ impl State {
                 b.participants.clone()
             };
         }
-        let n = self.task_count();
-        let set: Vec<u32> = (0..n).filter(|&i| !self.entry(i).recoverable).collect();
+        let n = self.data.task_count();
+        let set: Vec<u32> = (0..n)
+            .filter(|&i| !self.data.entry(i).recoverable)
+            .collect();
         if set.len() == n as usize {
             Vec::new()
         } else {
@@ -393,111 +481,28 @@ impl State {
         }
     }
 
-    pub(crate) fn shutdown_task(
-        &mut self,
-        task: u32,
-        declared_recoverable: bool,
-        at: u64,
-    ) -> Outcome {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::Disconnect) {
-            return Outcome::err(e);
-        }
-        let label = self.label(task);
-        // A task that declares itself recoverable leaves alone (upstream reads
-        // the flag from the ShutdownTask request).
-        if !self.uses_shutdown_barrier() || declared_recoverable {
-            if self.entry(task).status() == TaskStatus::Disconnected {
-                return Outcome::err(errors::already_disconnected(&label));
-            }
-            self.disconnect_task(task, at);
-            return Outcome::ok();
-        }
-        let id = shutdown_barrier_id(self.data.service_incarnation);
-        if let Some(b) = self.data.barriers.get(&id) {
-            match b.status() {
-                crate::pb::BarrierStatus::Pending => {}
-                crate::pb::BarrierStatus::Passed => {
-                    // Replay: a task that registered again disconnects now.
-                    if self.entry(task).status() == TaskStatus::Disconnected {
-                        let e = errors::already_disconnected(&label);
-                        return Outcome::err(errors::shutdown_barrier_failed(&e));
-                    }
-                    self.disconnect_task(task, at);
-                    return Outcome::ok();
-                }
-                crate::pb::BarrierStatus::Failed => {
-                    let e = b.error.clone().unwrap_or_default();
-                    return Outcome::err(errors::shutdown_barrier_failed(&e));
-                }
-            }
-        }
-        let timeout = self.cfg().shutdown_timeout_ms;
-        let participants = self.shutdown_participants(&id);
-        let mut out = self.arrive(&id, 0, Some(timeout), &participants, "", task, false, at);
-        if let Some(e) = out.error.take() {
-            out.error = Some(errors::shutdown_barrier_failed(&e));
-        }
-        out
-    }
-
     /// The answer of a parked ShutdownTask (`call_id` from its outcome).
     pub fn shutdown_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
-        let id = shutdown_barrier_id(self.data.service_incarnation);
+        let id = shutdown_barrier_id(self.cl.service_incarnation);
         self.barrier_result(&id, 0, call_id).map(|r| {
             r.map(|_| ())
                 .map_err(|e| errors::shutdown_barrier_failed(&e))
         })
     }
 
-    pub(crate) fn reset_task(&mut self, task: u32, at: u64) -> Outcome {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::Disconnect) {
-            return Outcome::err(e);
-        }
-        if self.entry(task).status() == TaskStatus::Disconnected {
-            return Outcome::err(errors::already_disconnected(&self.label(task)));
-        }
-        self.disconnect_task(task, at);
-        Outcome::ok()
-    }
-
-    // ------------------------------------------------- WaitForAllTasks (tf) ----
-
-    pub(crate) fn wait_for_all_tasks(&mut self, task: u32, info: &Bytes, at: u64) -> Outcome {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::WaitForAllTasks) {
-            return Outcome::err(e);
-        }
-        // Upstream keeps the device info of a task's first call that lists
-        // any (empty `info`: none listed).
-        let t = self.entry_mut(task);
-        if t.device_info.is_none() && !info.is_empty() {
-            t.device_info = Some(info.clone());
-        }
-        let id = wait_all_barrier_id(self.data.service_incarnation);
-        self.arrive(
-            &id,
-            0,
-            Some(WAIT_FOR_ALL_TASKS_TIMEOUT_MS),
-            &[],
-            "",
-            task,
-            false,
-            at,
-        )
-    }
-
     /// The answer of a parked WaitForAllTasks (`call_id` from its outcome).
     pub fn wait_for_all_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
-        let id = wait_all_barrier_id(self.data.service_incarnation);
+        let id = wait_all_barrier_id(self.cl.service_incarnation);
         self.barrier_result(&id, 0, call_id).map(|r| r.map(|_| ()))
     }
 
     /// Device info of every task that sent some, ordered by job name, then
     /// task id (the upstream aggregation order).
     pub fn cluster_device_info(&self) -> Vec<Bytes> {
-        let mut infos: Vec<(&str, i32, Bytes)> = (0..self.task_count())
+        let mut infos: Vec<(&str, i32, Bytes)> = (0..self.data.task_count())
             .filter_map(|i| {
-                let info = self.entry(i).device_info.clone()?;
-                let (job, id) = self.task_id(i)?;
+                let info = self.data.entry(i).device_info.clone()?;
+                let (job, id) = self.cl.task_id(i)?;
                 Some((job, id, info))
             })
             .collect();
@@ -507,9 +512,9 @@ impl State {
 
     /// Tasks CONNECTED right now with their incarnations (liveness tracking).
     pub fn connected_tasks(&self) -> Vec<(u32, u64)> {
-        (0..self.task_count())
-            .filter(|&i| self.entry(i).status() == TaskStatus::Connected)
-            .map(|i| (i, self.entry(i).incarnation))
+        (0..self.data.task_count())
+            .filter(|&i| self.data.entry(i).status() == TaskStatus::Connected)
+            .map(|i| (i, self.data.entry(i).incarnation))
             .collect()
     }
 }

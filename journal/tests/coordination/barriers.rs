@@ -1,12 +1,13 @@
 //! Barriers (reference §3.8).
-mod common;
-use common::*;
-use journal::pb::BarrierStatus;
+
+use crate::common::*;
+use journal::pb::coordination::BarrierStatus;
 use journal::{Code, DomainError, State};
 
 #[track_caller]
 fn failed(s: &State, id: &str, counter: i64, call: u64) -> DomainError {
-    s.barrier_result(id, counter, call)
+    s.coordination()
+        .barrier_result(id, counter, call)
         .expect("answered")
         .expect_err("failed")
 }
@@ -23,17 +24,17 @@ fn barrier_over_all_tasks_passes_when_last_arrives() {
     let mut s = cluster(3, Opts::default());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
-    assert_eq!(s.barrier_result("b", 0, c0), None);
+    assert_eq!(s.coordination().barrier_result("b", 0, c0), None);
     let out = apply(&mut s, arrive("b", 0, 60_000, &[], 2), 2000);
     ok(&out);
-    assert_eq!(out.value, 0);
-    assert_eq!(s.barrier_result("b", 0, c0), Some(Ok(0)));
-    assert_eq!(s.barrier_result("b", 0, c1), Some(Ok(0)));
-    let b = s.barrier("b").unwrap();
+    assert_eq!(out.barrier_counter().unwrap(), 0);
+    assert_eq!(s.coordination().barrier_result("b", 0, c0), Some(Ok(0)));
+    assert_eq!(s.coordination().barrier_result("b", 0, c1), Some(Ok(0)));
+    let b = s.coordination().barrier("b").unwrap();
     assert_eq!(b.status(), BarrierStatus::Passed);
     assert!(b.all_tasks);
     assert_eq!(b.participants, vec![0, 1, 2]);
-    assert!(s.pending_barrier_deadlines().is_empty());
+    assert!(s.coordination().pending_barrier_deadlines().is_empty());
 }
 
 #[test]
@@ -43,9 +44,9 @@ fn next_counter_creates_a_new_instance_and_returns_its_counter() {
         let p = parked(&apply(&mut s, arrive("b", c, 60_000, &[], 0), 2000));
         let out = apply(&mut s, arrive("b", c, 60_000, &[], 1), 2000);
         ok(&out);
-        assert_eq!(out.value, c);
-        assert_eq!(s.barrier_result("b", c, p), Some(Ok(c)));
-        assert_eq!(s.barrier("b").unwrap().counter, c);
+        assert_eq!(out.barrier_counter().unwrap(), c);
+        assert_eq!(s.coordination().barrier_result("b", c, p), Some(Ok(c)));
+        assert_eq!(s.coordination().barrier("b").unwrap().counter, c);
     }
 }
 
@@ -56,7 +57,7 @@ fn finished_instance_replays_its_result() {
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
     let again = apply(&mut s, arrive("b", 0, 60_000, &[], 0), 3000);
     ok(&again);
-    assert_eq!(again.value, 0);
+    assert_eq!(again.barrier_counter().unwrap(), 0);
     // A failed instance replays its error.
     parked(&apply(&mut s, arrive("t", 0, 100, &[], 0), 2000));
     ok(&apply(&mut s, expire("t", 0), 2100));
@@ -90,7 +91,10 @@ fn counter_mismatch_fails_the_current_pending_instance() {
     contains(&e, "the service thinks it is the 0-th instance");
     // The waiter gets the same error.
     assert_eq!(failed(&s, "b", 0, c0), e);
-    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Failed);
+    assert_eq!(
+        s.coordination().barrier("b").unwrap().status(),
+        BarrierStatus::Failed
+    );
     // Next instance while the current is pending is a mismatch too.
     parked(&apply(&mut s, arrive("c", 0, 60_000, &[], 0), 2000));
     let e = err(
@@ -130,12 +134,12 @@ fn counter_mismatch_overwrites_a_passed_result() {
 fn subset_barrier_needs_only_its_participants() {
     let mut s = cluster(4, Opts::default());
     let c = parked(&apply(&mut s, arrive("s", 0, 60_000, &[3, 1], 1), 2000));
-    let b = s.barrier("s").unwrap();
+    let b = s.coordination().barrier("s").unwrap();
     assert!(!b.all_tasks);
     assert_eq!(b.participants, vec![1, 3]);
     let out = apply(&mut s, arrive("s", 0, 60_000, &[1, 3], 3), 2000);
     ok(&out);
-    assert_eq!(s.barrier_result("s", 0, c), Some(Ok(0)));
+    assert_eq!(s.coordination().barrier_result("s", 0, c), Some(Ok(0)));
 }
 
 #[test]
@@ -150,7 +154,10 @@ fn unknown_participant_is_invalid_argument_and_fails_instance() {
         "Unexpected task (7) that is not in the cluster called the barrier. Barrier Id: b::0",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Failed);
+    assert_eq!(
+        s.coordination().barrier("b").unwrap().status(),
+        BarrierStatus::Failed
+    );
 }
 
 #[test]
@@ -164,7 +171,7 @@ fn unknown_calling_task_is_invalid_argument() {
         &e,
         "Unexpected task (9) that is not in the cluster called the barrier.",
     );
-    assert!(s.barrier("b").is_none());
+    assert!(s.coordination().barrier("b").is_none());
 }
 
 #[test]
@@ -226,7 +233,7 @@ fn deadline_is_set_by_first_caller_and_timeout_fails_all_waiters() {
     let mut s = cluster(3, Opts::default());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 10_000, &[], 1), 2500));
-    let d = s.pending_barrier_deadlines();
+    let d = s.coordination().pending_barrier_deadlines();
     assert_eq!(d.len(), 1);
     assert_eq!(
         (d[0].id.as_str(), d[0].counter, d[0].deadline_ms),
@@ -235,7 +242,7 @@ fn deadline_is_set_by_first_caller_and_timeout_fails_all_waiters() {
     // Too early, or the wrong counter: nothing happens.
     ok(&apply(&mut s, expire("b", 0), 2999));
     ok(&apply(&mut s, expire("b", 1), 5000));
-    assert_eq!(s.barrier_result("b", 0, c0), None);
+    assert_eq!(s.coordination().barrier_result("b", 0, c0), None);
     ok(&apply(&mut s, expire("b", 0), 3000));
     let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::DeadlineExceeded);
@@ -263,9 +270,12 @@ fn same_task_arriving_twice_cancels_its_earlier_call() {
     assert!(!e.coordination_payload);
     assert!(e.barrier.is_none());
     // The duplicate did not count as a second arrival.
-    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Pending);
+    assert_eq!(
+        s.coordination().barrier("b").unwrap().status(),
+        BarrierStatus::Pending
+    );
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
-    assert_eq!(s.barrier_result("b", 0, second), Some(Ok(0)));
+    assert_eq!(s.coordination().barrier_result("b", 0, second), Some(Ok(0)));
 }
 
 #[test]
@@ -310,7 +320,7 @@ fn participant_disconnecting_while_pending_fails_barrier() {
     let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::Internal);
     contains(&e, "task disconnected");
-    assert_eq!(s.barrier_result("o", 0, other), None);
+    assert_eq!(s.coordination().barrier_result("o", 0, other), None);
 }
 
 #[test]
@@ -349,7 +359,11 @@ fn cancel_with_wrong_counter_is_failed_precondition() {
         "Barrier (b::3) is cancelled by task, but the service thinks it is the 0-th instance.",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(s.barrier_result("b", 0, c0), None, "still pending");
+    assert_eq!(
+        s.coordination().barrier_result("b", 0, c0),
+        None,
+        "still pending"
+    );
 }
 
 #[test]
@@ -362,14 +376,17 @@ fn cancel_of_passed_instance_is_failed_precondition() {
         Code::FailedPrecondition,
     );
     contains(&e, "has already been passed with status code: 0");
-    assert_eq!(s.barrier("b").unwrap().status(), BarrierStatus::Passed);
+    assert_eq!(
+        s.coordination().barrier("b").unwrap().status(),
+        BarrierStatus::Passed
+    );
 }
 
 #[test]
 fn cancel_of_unused_id_is_ok_and_first_wait_fails() {
     let mut s = cluster(2, Opts::default());
     ok(&apply(&mut s, cancel("fresh", 0, 0), 2000));
-    let b = s.barrier("fresh").unwrap();
+    let b = s.coordination().barrier("fresh").unwrap();
     assert!(b.created_by_cancel);
     assert_ne!(b.status(), BarrierStatus::Pending);
     let e = err(
@@ -381,7 +398,7 @@ fn cancel_of_unused_id_is_ok_and_first_wait_fails() {
     parked(&apply(&mut s, arrive("fresh", 1, 60_000, &[], 0), 2200));
     let out = apply(&mut s, arrive("fresh", 1, 60_000, &[], 1), 2200);
     ok(&out);
-    assert_eq!(out.value, 1);
+    assert_eq!(out.barrier_counter().unwrap(), 1);
 }
 
 #[test]
@@ -394,8 +411,8 @@ fn recoverable_restarted_task_rejoins_current_instance_with_counter_zero() {
     ok(&apply(&mut s, register(1, 4444), 3100));
     let out = apply(&mut s, arrive("b", 0, 60_000, &[], 1), 3200);
     ok(&out);
-    assert_eq!(out.value, 1);
-    assert_eq!(s.barrier_result("b", 1, c0), Some(Ok(1)));
+    assert_eq!(out.barrier_counter().unwrap(), 1);
+    assert_eq!(s.coordination().barrier_result("b", 1, c0), Some(Ok(1)));
 }
 
 // ---- XLA's order of checks (reference §3.8; issue #19) ----------------------
@@ -406,7 +423,7 @@ fn conflicting_list_against_a_finished_instance_fails_it() {
     let mut s = cluster(2, Opts::default());
     let out = apply(&mut s, arrive("B", 0, 60_000, &[0], 0), 2000);
     ok(&out);
-    assert_eq!(out.value, 0);
+    assert_eq!(out.barrier_counter().unwrap(), 0);
     let e = err(
         &apply(&mut s, arrive("B", 0, 60_000, &[1], 1), 2100),
         Code::InvalidArgument,
@@ -417,7 +434,10 @@ fn conflicting_list_against_a_finished_instance_fails_it() {
     );
     barrier_payload(&e, "B", 0);
     // The stored result is now that error: task 0's replay gets it too.
-    assert_eq!(s.barrier("B").unwrap().status(), BarrierStatus::Failed);
+    assert_eq!(
+        s.coordination().barrier("B").unwrap().status(),
+        BarrierStatus::Failed
+    );
     let replay = err(
         &apply(&mut s, arrive("B", 0, 60_000, &[0], 0), 2200),
         Code::InvalidArgument,
@@ -451,7 +471,10 @@ fn later_counters_keep_the_first_instance_task_set() {
     for t in 0..3 {
         apply(&mut s, arrive("all", 0, 60_000, &[], t), 2000);
     }
-    assert_eq!(s.barrier("all").unwrap().status(), BarrierStatus::Passed);
+    assert_eq!(
+        s.coordination().barrier("all").unwrap().status(),
+        BarrierStatus::Passed
+    );
     // Instance 1 opened with a subset still has every task: the subset conflicts.
     let e = err(
         &apply(&mut s, arrive("all", 1, 60_000, &[0, 1], 0), 2100),
@@ -462,7 +485,10 @@ fn later_counters_keep_the_first_instance_task_set() {
         "Conflicting tasks specified by different processes for the same barrier: all::1.",
     );
     barrier_payload(&e, "all", 1);
-    assert_eq!(s.barrier("all").unwrap().participants, vec![0, 1, 2]);
+    assert_eq!(
+        s.coordination().barrier("all").unwrap().participants,
+        vec![0, 1, 2]
+    );
 
     // A subset id: its next instance asked for by "all tasks" disagrees.
     parked(&apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 0), 2000));
@@ -476,7 +502,7 @@ fn later_counters_keep_the_first_instance_task_set() {
     parked(&apply(&mut s, arrive("sub", 2, 60_000, &[1, 0], 0), 2200));
     let out = apply(&mut s, arrive("sub", 2, 60_000, &[0, 1], 1), 2200);
     ok(&out);
-    assert_eq!(out.value, 2);
+    assert_eq!(out.barrier_counter().unwrap(), 2);
 }
 
 #[test]
@@ -491,12 +517,16 @@ fn recoverable_restarted_task_opens_the_next_instance_of_a_finished_barrier() {
     ok(&apply(&mut s, register(0, 7777), 3000));
     let first = apply(&mut s, arrive("B", 0, 60_000, &[], 0), 3100);
     let c0 = parked(&first);
-    assert_eq!(first.value, 3, "the call waits at instance 3");
-    assert_eq!(s.barrier_result("B", 3, c0), None);
+    assert_eq!(
+        first.barrier_counter().unwrap(),
+        3,
+        "the call waits at instance 3"
+    );
+    assert_eq!(s.coordination().barrier_result("B", 3, c0), None);
     let out = apply(&mut s, arrive("B", 3, 60_000, &[], 1), 3200);
     ok(&out);
-    assert_eq!(out.value, 3);
-    assert_eq!(s.barrier_result("B", 3, c0), Some(Ok(3)));
+    assert_eq!(out.barrier_counter().unwrap(), 3);
+    assert_eq!(s.coordination().barrier_result("B", 3, c0), Some(Ok(3)));
     // The restarted agent adopted 3 and goes on with 4.
     parked(&apply(&mut s, arrive("B", 4, 60_000, &[], 0), 3300));
     ok(&apply(&mut s, arrive("B", 4, 60_000, &[], 1), 3300));
@@ -509,15 +539,18 @@ fn recoverable_counter_zero_opens_instance_one_after_instance_zero_and_after_a_f
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
     let again = apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2100);
     parked(&again);
-    assert_eq!(again.value, 1);
+    assert_eq!(again.barrier_counter().unwrap(), 1);
 
     // A timed-out instance is not replayed to a counter-0 caller either.
     parked(&apply(&mut s, arrive("t", 0, 100, &[], 0), 2000));
     ok(&apply(&mut s, expire("t", 0), 2100));
     let next = apply(&mut s, arrive("t", 0, 60_000, &[], 1), 2200);
     parked(&next);
-    assert_eq!(next.value, 1);
-    assert_eq!(s.barrier("t").unwrap().status(), BarrierStatus::Pending);
+    assert_eq!(next.barrier_counter().unwrap(), 1);
+    assert_eq!(
+        s.coordination().barrier("t").unwrap().status(),
+        BarrierStatus::Pending
+    );
 }
 
 #[test]
@@ -546,9 +579,12 @@ fn recoverable_counter_zero_rule_spares_the_device_barrier() {
     ok(&apply(&mut s, wait_all(1, b"d1"), 2000));
     let again = apply(&mut s, wait_all(0, b"d0"), 2100);
     ok(&again);
-    let id = journal::wait_all_barrier_id(SVC_INC);
-    assert_eq!(s.barrier(&id).unwrap().counter, 0);
-    assert_eq!(s.barrier(&id).unwrap().status(), BarrierStatus::Passed);
+    let id = journal::coordination::wait_all_barrier_id(SVC_INC);
+    assert_eq!(s.coordination().barrier(&id).unwrap().counter, 0);
+    assert_eq!(
+        s.coordination().barrier(&id).unwrap().status(),
+        BarrierStatus::Passed
+    );
 }
 
 #[test]
@@ -634,7 +670,7 @@ fn a_participant_index_past_the_cluster_is_an_unknown_participant() {
         Code::InvalidArgument,
     );
     contains(&e, "99");
-    let b = s.barrier("b").unwrap();
+    let b = s.coordination().barrier("b").unwrap();
     assert!(
         b.participants.iter().all(|&p| p < 2),
         "{:?}",

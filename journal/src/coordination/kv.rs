@@ -4,10 +4,11 @@
 
 use bytes::Bytes;
 
-use crate::errors;
-use crate::keys::{dir_prefix, normalize_key};
-use crate::pb::{KvEvent, KvInsert, KvRecord, Outcome};
-use crate::state::State;
+use super::errors;
+use super::keys::{dir_prefix, normalize_key};
+use super::{Reader, Writer};
+use crate::pb::coordination::{KvEvent, KvInsert, KvRecord};
+use crate::pb::Outcome;
 
 /// Default bound of the watch history in bytes.
 pub const DEFAULT_WATCH_HISTORY_BYTES: u64 = 16 << 20;
@@ -28,10 +29,10 @@ fn event_bytes(e: &KvEvent) -> u64 {
     (e.key.len() + e.value.len() + 16) as u64
 }
 
-impl State {
+impl Writer<'_, '_> {
     pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
         let key = normalize_key(&c.key);
-        let limit = self.cfg().max_keys;
+        let limit = self.cl.cfg().max_keys;
         let rev = self.data.kv_revision + 1;
         match self.data.kv.get_mut(&key) {
             Some(_) if !c.allow_overwrite => return Outcome::err(errors::key_exists(&key)),
@@ -100,21 +101,20 @@ impl State {
         };
         self.data.kv_history_bytes += event_bytes(&e);
         self.data.kv_events.push(e);
-        let limit = match self.cfg().watch_history_bytes {
+        let limit = match self.cl.cfg().watch_history_bytes {
             0 => DEFAULT_WATCH_HISTORY_BYTES,
             n => n,
         };
-        let over = |d: &crate::pb::StateData| {
-            d.kv_history_bytes > limit || d.kv_events.len() > MAX_WATCH_EVENTS
-        };
-        if !over(&self.data) {
+        let over =
+            |d: &super::Data| d.kv_history_bytes > limit || d.kv_events.len() > MAX_WATCH_EVENTS;
+        if !over(self.data) {
             return;
         }
         // Drop a quarter (whole revisions) at once: front removal is O(n).
         let target = self.data.kv_events.len() - self.data.kv_events.len() / 4;
         let mut cut = 0;
         while cut < self.data.kv_events.len()
-            && (over(&self.data) || self.data.kv_events.len() - cut > target)
+            && (over(self.data) || self.data.kv_events.len() - cut > target)
         {
             let rev = self.data.kv_events[cut].revision;
             while cut < self.data.kv_events.len() && self.data.kv_events[cut].revision == rev {
@@ -141,19 +141,6 @@ impl State {
         self.data.kv_history_start = self.data.kv_revision + 1;
     }
 
-    /// Every change after revision `after`, oldest first, or [`Compacted`] if
-    /// the history no longer holds all of them.
-    pub fn kv_events_after(&self, after: u64) -> Result<&[KvEvent], Compacted> {
-        if after + 1 < self.data.kv_history_start {
-            return Err(Compacted {
-                history_start: self.data.kv_history_start,
-                revision: self.data.kv_revision,
-            });
-        }
-        let i = self.data.kv_events.partition_point(|e| e.revision <= after);
-        Ok(&self.data.kv_events[i..])
-    }
-
     /// Adds `increment` to the decimal integer at `key` (missing = 0).
     pub(crate) fn kv_increment(&mut self, key: &str, increment: i64) -> Outcome {
         let key = normalize_key(key);
@@ -170,7 +157,7 @@ impl State {
         let Some(next) = current.checked_add(increment) else {
             return Outcome::err(errors::increment_overflow(&key));
         };
-        let limit = self.cfg().max_keys;
+        let limit = self.cl.cfg().max_keys;
         if !self.data.kv.contains_key(&key) && limit > 0 && self.data.kv.len() as u64 >= limit {
             return Outcome::err(errors::too_many_keys(limit));
         }
@@ -190,22 +177,37 @@ impl State {
                 mod_revision: rev,
             });
         self.data.kv_revision = rev;
-        Outcome::value(next)
+        super::incremented(next)
+    }
+}
+
+impl<'a> Reader<'a> {
+    /// Every change after revision `after`, oldest first, or [`Compacted`] if
+    /// the history no longer holds all of them.
+    pub fn kv_events_after(&self, after: u64) -> Result<&'a [KvEvent], Compacted> {
+        if after + 1 < self.data.kv_history_start {
+            return Err(Compacted {
+                history_start: self.data.kv_history_start,
+                revision: self.data.kv_revision,
+            });
+        }
+        let i = self.data.kv_events.partition_point(|e| e.revision <= after);
+        Ok(&self.data.kv_events[i..])
     }
 
     /// The value at `key` (normalised), if present.
-    pub fn kv_get(&self, key: &str) -> Option<&Bytes> {
+    pub fn kv_get(&self, key: &str) -> Option<&'a Bytes> {
         self.data.kv.get(&normalize_key(key)).map(|e| &e.value)
     }
 
     /// The entry (value and revisions) at `key` (normalised), if present.
-    pub fn kv_entry(&self, key: &str) -> Option<&KvRecord> {
+    pub fn kv_entry(&self, key: &str) -> Option<&'a KvRecord> {
         self.data.kv.get(&normalize_key(key))
     }
 
     /// Every entry strictly under directory `dir`, sorted by key. The empty
     /// directory holds nothing; `dir` itself is not included.
-    pub fn kv_dir(&self, dir: &str) -> Vec<(&str, &KvRecord)> {
+    pub fn kv_dir(&self, dir: &str) -> Vec<(&'a str, &'a KvRecord)> {
         let Some(prefix) = dir_prefix(dir) else {
             return Vec::new();
         };
@@ -218,7 +220,7 @@ impl State {
     }
 
     /// Every entry of the store, sorted by key.
-    pub fn kv_all(&self) -> impl Iterator<Item = (&str, &KvRecord)> {
+    pub fn kv_all(&self) -> impl Iterator<Item = (&'a str, &'a KvRecord)> + 'a {
         self.data.kv.iter().map(|(k, e)| (k.as_str(), e))
     }
 

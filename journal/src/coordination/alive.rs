@@ -1,9 +1,10 @@
 //! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
 
-use crate::barrier::sorted_set;
-use crate::errors::{self, UnknownTaskIn};
-use crate::pb::{AliveResult, AliveRound, DomainError, Outcome, TaskStatus};
-use crate::state::State;
+use super::barrier::sorted_set;
+use super::errors::{self, UnknownTaskIn};
+use super::{Reader, Writer};
+use crate::pb::coordination::{AliveResult, AliveRound, TaskStatus};
+use crate::pb::{DomainError, Outcome};
 
 /// Completed rounds remembered per task set, for late readers.
 const ALIVE_RESULTS_KEPT: usize = 8;
@@ -24,15 +25,15 @@ pub struct AliveTasks {
     pub incarnations: Vec<u64>,
 }
 
-impl State {
+impl Writer<'_, '_> {
     /// A task joins the GetAliveTasks rendezvous over `tasks`. The outcome is
     /// parked with `value` = the round's generation; read the answer with
     /// [`State::alive_result`].
     pub(crate) fn alive_tasks(&mut self, task: u32, tasks: &[u32]) -> Outcome {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::AliveTasks) {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::AliveTasks) {
             return Outcome::err(e);
         }
-        if let Some(&bad) = tasks.iter().find(|&&t| t >= self.task_count()) {
+        if let Some(&bad) = tasks.iter().find(|&&t| t >= self.data.task_count()) {
             return Outcome::err(errors::unknown_task(
                 UnknownTaskIn::AliveTasks,
                 &bad.to_string(),
@@ -40,7 +41,7 @@ impl State {
         }
         let set = sorted_set(tasks);
         if set.binary_search(&task).is_err() {
-            return Outcome::err(errors::alive_requester_not_in_set(&self.label(task)));
+            return Outcome::err(errors::alive_requester_not_in_set(&self.cl.label(task)));
         }
         let call = self.next_call_id();
         let key = round_key(&set);
@@ -52,8 +53,9 @@ impl State {
         round.callers.insert(task, call);
         let generation = round.generation;
         self.reevaluate_alive_rounds();
-        let mut out = Outcome::parked(call);
-        out.value = generation as i64;
+        let mut out = super::alive_generation(generation);
+        out.parked = true;
+        out.call_id = call;
         out
     }
 
@@ -92,7 +94,9 @@ impl State {
             round.callers.clear();
         }
     }
+}
 
+impl<'a> Reader<'a> {
     /// The answer of a parked GetAliveTasks over `tasks` in round
     /// `generation`, or `None` while the round is open.
     pub fn alive_result(

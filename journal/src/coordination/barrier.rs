@@ -3,9 +3,10 @@
 //! result, failure when a participant errors or disconnects, and the special
 //! registration, shutdown and WaitForAllTasks barriers.
 
-use crate::errors::{self, UnknownTaskIn};
-use crate::pb::{BarrierArrive, BarrierEntry, BarrierStatus, DomainError, Outcome, TaskStatus};
-use crate::state::State;
+use super::errors::{self, UnknownTaskIn};
+use super::{Reader, Writer};
+use crate::pb::coordination::{BarrierArrive, BarrierEntry, BarrierStatus, TaskStatus};
+use crate::pb::{DomainError, Outcome};
 
 /// The registration barrier every RegisterTask joins (counter 0, all tasks).
 pub const REGISTER_BARRIER: &str = "[Init]Wait_for_all_tasks_to_register";
@@ -39,15 +40,15 @@ pub(crate) fn sorted_set(tasks: &[u32]) -> Vec<u32> {
     v
 }
 
-impl State {
+impl Writer<'_, '_> {
     pub(crate) fn barrier_arrive(&mut self, a: &BarrierArrive, at: u64) -> Outcome {
-        if let Err(e) = self.check_task(a.task, UnknownTaskIn::Barrier) {
+        if let Err(e) = self.data.check_task(a.task, UnknownTaskIn::Barrier) {
             return Outcome::err(e);
         }
         // Adapters resolve names and leave unknown ones out; an index past
         // the cluster (an update from elsewhere) is an unknown participant
         // too, so no barrier ever stores a task that does not exist.
-        let n = self.task_count();
+        let n = self.data.task_count();
         let participants: Vec<u32> = a.participants.iter().copied().filter(|&p| p < n).collect();
         let unknown = match a.participants.iter().find(|&&p| p >= n) {
             Some(p) if a.unknown_participant.is_empty() => p.to_string(),
@@ -88,15 +89,15 @@ impl State {
         caller_recoverable: bool,
         at: u64,
     ) -> Outcome {
-        let n = self.task_count();
+        let n = self.data.task_count();
         // The counter-0 rule is the caller's: the service's flag, or the
         // task's own (TensorFlow sends it with every call).
-        let recoverable = self.recoverable() || caller_recoverable;
+        let recoverable = self.cl.recoverable() || caller_recoverable;
         // The registration, shutdown and device barriers are exempt from the
         // recoverable counter-0 rule (XLA and TSL exclude them by id).
         let special = id == REGISTER_BARRIER
-            || id == shutdown_barrier_id(self.data.service_incarnation)
-            || id == wait_all_barrier_id(self.data.service_incarnation);
+            || id == shutdown_barrier_id(self.cl.service_incarnation)
+            || id == wait_all_barrier_id(self.cl.service_incarnation);
 
         // 1. Which instance: a new one, the current one, or a mismatch.
         let (create, counter) = match self.data.barriers.get(id) {
@@ -186,12 +187,14 @@ impl State {
             }
             {
                 for &p in &set {
-                    if !self.task_recoverable(p) && self.task_status(p) == Some(TaskStatus::Error) {
-                        let existing = self.entry(p).error.clone().unwrap_or_default();
+                    if !self.task_recoverable(p)
+                        && self.data.task_status(p) == Some(TaskStatus::Error)
+                    {
+                        let existing = self.data.entry(p).error.clone().unwrap_or_default();
                         let e = errors::barrier_participant_already_in_error(
                             id,
                             counter,
-                            &self.label(p),
+                            &self.cl.label(p),
                             &existing,
                         );
                         self.finish_barrier(id, counter, Err(e.clone()), false, at);
@@ -218,7 +221,7 @@ impl State {
             Some(errors::barrier_non_participant(
                 id,
                 counter,
-                &self.label(task),
+                &self.cl.label(task),
             ))
         } else {
             None
@@ -231,7 +234,7 @@ impl State {
         // 3. A finished instance replays its result.
         match b.status() {
             BarrierStatus::Pending => {}
-            BarrierStatus::Passed => return Outcome::value(counter),
+            BarrierStatus::Passed => return super::barrier_counter(counter),
             BarrierStatus::Failed => return Outcome::err(b.error.clone().unwrap_or_default()),
         }
 
@@ -244,12 +247,13 @@ impl State {
         }
         if b.arrivals.len() == b.participants.len() {
             self.finish_barrier(id, counter, Ok(()), false, at);
-            let mut out = Outcome::value(counter);
+            let mut out = super::barrier_counter(counter);
             out.call_id = call;
             return out;
         }
-        let mut out = Outcome::parked(call);
-        out.value = counter;
+        let mut out = super::barrier_counter(counter);
+        out.parked = true;
+        out.call_id = call;
         out
     }
 
@@ -295,8 +299,8 @@ impl State {
         let error = b.error.clone().unwrap_or_default();
         if id == REGISTER_BARRIER {
             if passed {
-                for task in 0..self.task_count() {
-                    if let Some(inc) = self.entry(task).pending_incarnation {
+                for task in 0..self.data.task_count() {
+                    if let Some(inc) = self.data.entry(task).pending_incarnation {
                         self.connect_task(task, inc);
                     }
                 }
@@ -304,10 +308,10 @@ impl State {
                 let e = errors::registration_failed(&error);
                 self.set_all_tasks_error(&e, at);
             }
-        } else if id == shutdown_barrier_id(self.data.service_incarnation) {
+        } else if id == shutdown_barrier_id(self.cl.service_incarnation) {
             if passed {
-                for task in 0..self.task_count() {
-                    if self.entry(task).status() != TaskStatus::Disconnected {
+                for task in 0..self.data.task_count() {
+                    if self.data.entry(task).status() != TaskStatus::Disconnected {
                         self.disconnect_task(task, at);
                     }
                 }
@@ -323,7 +327,7 @@ impl State {
     /// part in: the barrier fails (non-recoverable), or its call is cancelled
     /// and its arrival forgotten (recoverable).
     pub(crate) fn leave_ongoing_barriers(&mut self, task: u32, reason: &str, at: u64) {
-        let label = self.label(task);
+        let label = self.cl.label(task);
         let ongoing: Vec<(String, i64)> = self
             .data
             .barriers
@@ -355,10 +359,10 @@ impl State {
         task: u32,
         _at: u64,
     ) -> Outcome {
-        if let Err(e) = self.check_task(task, UnknownTaskIn::Barrier) {
+        if let Err(e) = self.data.check_task(task, UnknownTaskIn::Barrier) {
             return Outcome::err(e);
         }
-        let label = self.label(task);
+        let label = self.cl.label(task);
         match self.data.barriers.get(id) {
             None if counter == 0 => {
                 let e = errors::barrier_cancelled(id, 0, &label);
@@ -405,20 +409,22 @@ impl State {
             .participants
             .iter()
             .filter(|p| !b.arrivals.contains_key(p))
-            .map(|&p| self.label(p))
+            .map(|&p| self.cl.label(p))
             .collect();
         let e = errors::barrier_timed_out(
             id,
             counter,
             b.arrivals.len(),
             b.participants.len(),
-            &self.label(b.initiating_task),
+            &self.cl.label(b.initiating_task),
             &pending,
         );
         self.finish_barrier(id, counter, Err(e), false, at);
         Outcome::ok()
     }
+}
 
+impl<'a> Reader<'a> {
     /// The answer of a parked barrier call (`call_id` from its outcome):
     /// `Ok(counter)`, the error, or `None` while the instance is pending.
     pub fn barrier_result(
@@ -463,12 +469,12 @@ impl State {
     }
 
     /// The stored entry of a barrier id (its newest instance).
-    pub fn barrier(&self, id: &str) -> Option<&BarrierEntry> {
+    pub fn barrier(&self, id: &str) -> Option<&'a BarrierEntry> {
         self.data.barriers.get(id)
     }
 
     /// Every barrier id with its newest instance.
-    pub fn barriers(&self) -> impl Iterator<Item = (&String, &BarrierEntry)> {
+    pub fn barriers(&self) -> impl Iterator<Item = (&'a String, &'a BarrierEntry)> + 'a {
         self.data.barriers.iter()
     }
 }

@@ -1,0 +1,62 @@
+//! The seam every area of the state plugs into.
+//!
+//! An area owns its part of the state (a prost message inside `StateData`)
+//! and its command (a oneof inside `Update.command`). [`crate::State::apply`]
+//! runs what the areas share — exactly-once sessions, the job epoch — and
+//! hands the area's command to [`Area::apply`]. Areas do not call each
+//! other: what one area does that matters to the others is reported as an
+//! effect in [`Context`] (a task lost) or is a shared command (a job epoch
+//! reset), and reaches every area through the hooks below.
+
+use crate::cluster::Cluster;
+use crate::pb::Outcome;
+
+/// What an area sees and may change of the shared state while it applies.
+pub struct Context<'a> {
+    /// The configuration, service incarnation and job epoch.
+    pub cluster: Cluster<'a>,
+    /// Leader time of the update being applied.
+    pub at_ms: u64,
+    pub(crate) next_call_id: &'a mut u64,
+    pub(crate) lost: &'a mut Vec<u32>,
+}
+
+impl Context<'_> {
+    /// A new call id (unique in the state, never reused) for a parked call.
+    pub fn next_call_id(&mut self) -> u64 {
+        *self.next_call_id += 1;
+        *self.next_call_id
+    }
+
+    /// Reports that `task` was lost: it failed, disconnected, or came back
+    /// as a new incarnation. Every other area hears of it through
+    /// [`Area::on_task_lost`] once this update has applied.
+    pub fn task_lost(&mut self, task: u32) {
+        if !self.lost.contains(&task) {
+            self.lost.push(task);
+        }
+    }
+}
+
+/// One area of the replicated state.
+pub trait Area {
+    /// The area's command (the oneof inside `Update.command`).
+    type Command;
+
+    /// Applies one command of this area.
+    fn apply(&mut self, cx: &mut Context<'_>, command: &Self::Command) -> Outcome;
+
+    /// The service was configured (`InitService`): the first job epoch begins.
+    fn on_init(&mut self, cx: &mut Context<'_>);
+
+    /// A new job epoch began (`ResetJobEpoch`): the previous job's state is
+    /// gone, the configuration may have changed.
+    fn on_epoch_reset(&mut self, cx: &mut Context<'_>);
+
+    /// Another area lost `task` (see [`Context::task_lost`]).
+    fn on_task_lost(&mut self, cx: &mut Context<'_>, task: u32);
+
+    /// Checks this area's part of a decoded snapshot against the shared part:
+    /// a snapshot that would make a later apply panic is refused on install.
+    fn check_snapshot(&self, cluster: Cluster<'_>) -> Result<(), String>;
+}

@@ -1,0 +1,374 @@
+//! The coordination area: what XLA's and TensorFlow's coordination service
+//! keep — tasks and their lifecycle (`tasks`), the KV store (`kv`), barriers
+//! (`barrier`), GetAliveTasks rounds (`alive`) — with its own command
+//! ([`pb::coordination::Command`]), reply, state ([`Data`]) and errors
+//! ([`errors`]).
+//!
+//! Commands apply through a [`Writer`] (the area's state, the shared
+//! [`Cluster`] view and the apply [`Context`]); the service reads the area
+//! through a [`Reader`] (`State::coordination()`).
+
+mod alive;
+mod barrier;
+pub mod errors;
+mod keys;
+mod kv;
+mod tasks;
+
+pub use crate::pb::coordination::{Data, TaskStatus};
+pub use alive::AliveTasks;
+pub use barrier::{shutdown_barrier_id, wait_all_barrier_id, BarrierDeadline, REGISTER_BARRIER};
+pub use keys::normalize_key;
+pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
+pub use tasks::{HeartbeatCheck, WAIT_FOR_ALL_TASKS_TIMEOUT_MS};
+
+use crate::area::{Area, Context};
+use crate::cluster::Cluster;
+use crate::pb::coordination::{command::Command, reply::Reply, TaskEntry};
+use crate::pb::{self, outcome, update, DomainError, Outcome, Update};
+use errors::UnknownTaskIn;
+
+/// The coordination area, read-only: its state and the shared view.
+#[derive(Clone, Copy, Debug)]
+pub struct Reader<'a> {
+    pub(crate) cl: Cluster<'a>,
+    pub(crate) data: &'a Data,
+}
+
+/// The coordination area while a command applies.
+pub(crate) struct Writer<'a, 'c> {
+    pub(crate) cl: Cluster<'a>,
+    pub(crate) data: &'a mut Data,
+    pub(crate) cx: &'a mut Context<'c>,
+}
+
+impl Writer<'_, '_> {
+    /// The area read-only, for the readers the commands share with the service.
+    pub(crate) fn r(&self) -> Reader<'_> {
+        Reader {
+            cl: self.cl,
+            data: self.data,
+        }
+    }
+
+    pub(crate) fn next_call_id(&mut self) -> u64 {
+        self.cx.next_call_id()
+    }
+
+    pub(crate) fn bump_tasks_version(&mut self) {
+        self.data.tasks_version += 1;
+    }
+
+    /// Whether `task` is recoverable: the whole service is, or the task
+    /// declared itself so when it last registered.
+    pub(crate) fn task_recoverable(&self, task: u32) -> bool {
+        self.r().task_recoverable(task)
+    }
+}
+
+impl Data {
+    pub(crate) fn task_count(&self) -> u32 {
+        self.tasks.len() as u32
+    }
+
+    pub(crate) fn check_task(&self, task: u32, call: UnknownTaskIn) -> Result<(), DomainError> {
+        if (task as usize) < self.tasks.len() {
+            Ok(())
+        } else {
+            Err(errors::unknown_task(call, &task.to_string()))
+        }
+    }
+
+    pub(crate) fn entry(&self, task: u32) -> &TaskEntry {
+        &self.tasks[task as usize]
+    }
+
+    pub(crate) fn entry_mut(&mut self, task: u32) -> &mut TaskEntry {
+        &mut self.tasks[task as usize]
+    }
+
+    pub(crate) fn task_status(&self, task: u32) -> Option<TaskStatus> {
+        self.tasks.get(task as usize).map(|t| t.status())
+    }
+}
+
+impl<'a> Reader<'a> {
+    /// The stored entry of a task.
+    pub fn task(&self, index: u32) -> Option<&'a TaskEntry> {
+        self.data.tasks.get(index as usize)
+    }
+
+    /// The status of a task.
+    pub fn task_status(&self, index: u32) -> Option<TaskStatus> {
+        self.data.task_status(index)
+    }
+
+    /// The WatchTasks version, bumped on every task-state change.
+    pub fn tasks_version(&self) -> i64 {
+        self.data.tasks_version
+    }
+
+    /// The error propagated to pollers, if any.
+    pub fn propagated_error(&self) -> Option<&'a DomainError> {
+        self.data.propagated_error.as_ref()
+    }
+
+    /// Whether `task` is recoverable: the whole service is, or the task
+    /// declared itself so when it last registered.
+    pub fn task_recoverable(&self, task: u32) -> bool {
+        self.cl.recoverable() || self.task(task).is_some_and(|t| t.recoverable)
+    }
+}
+
+impl Area for Data {
+    type Command = pb::coordination::Command;
+
+    fn apply(&mut self, cx: &mut Context<'_>, c: &Self::Command) -> Outcome {
+        let Some(cmd) = &c.command else {
+            return Outcome::ok();
+        };
+        let at = cx.at_ms;
+        let mut w = Writer {
+            cl: cx.cluster,
+            data: self,
+            cx,
+        };
+        match cmd {
+            Command::RegisterTask(c) => w.register_task(c.task, c.incarnation, c.recoverable, at),
+            Command::Heartbeat(c) => w.heartbeat(c.task, c.incarnation, at),
+            Command::TasksUnhealthy(c) => w.tasks_unhealthy(&c.tasks, at),
+            Command::ReportError(c) => w.report_error(c, at),
+            Command::PollForError(c) => w.poll_for_error(c.task, at),
+            Command::ShutdownTask(c) => w.shutdown_task(c.task, c.recoverable, at),
+            Command::ResetTask(c) => w.reset_task(c.task, at),
+            Command::KvInsert(c) => w.kv_insert(c),
+            Command::KvDelete(c) => w.kv_delete(&c.key),
+            Command::KvIncrement(c) => w.kv_increment(&c.key, c.increment),
+            Command::BarrierArrive(c) => w.barrier_arrive(c, at),
+            Command::BarrierCancel(c) => w.barrier_cancel(&c.id, c.counter, c.task, at),
+            Command::BarrierExpire(c) => w.barrier_expire(&c.id, c.counter, at),
+            Command::AliveTasks(c) => w.alive_tasks(c.task, &c.tasks),
+            Command::WaitForAllTasks(c) => w.wait_for_all_tasks(c.task, &c.device_info, at),
+        }
+    }
+
+    fn on_init(&mut self, cx: &mut Context<'_>) {
+        self.tasks = vec![TaskEntry::default(); cx.cluster.task_count() as usize];
+    }
+
+    fn on_epoch_reset(&mut self, cx: &mut Context<'_>) {
+        let mut w = Writer {
+            cl: cx.cluster,
+            data: self,
+            cx,
+        };
+        w.data.kv.clear();
+        w.clear_history();
+        w.data.barriers.clear();
+        w.data.propagated_error = None;
+        w.data.any_polled = false;
+        w.data.alive_rounds.clear();
+        w.data.tasks = vec![TaskEntry::default(); w.cl.task_count() as usize];
+        w.bump_tasks_version();
+    }
+
+    /// Tasks are the coordination area's own: it never hears of them from
+    /// another area.
+    fn on_task_lost(&mut self, _cx: &mut Context<'_>, _task: u32) {}
+
+    fn check_snapshot(&self, cl: Cluster<'_>) -> Result<(), String> {
+        let n = cl.task_count();
+        if self.tasks.len() != n as usize {
+            return Err(format!(
+                "{} tasks stored but the configuration has {n}",
+                self.tasks.len()
+            ));
+        }
+        check_task_references(self)
+    }
+}
+
+/// Every task index a snapshot stores names a task of its configuration,
+/// and every set the code searches is sorted without repeats: a snapshot
+/// that breaks either is refused on install, not met by a panic on the
+/// next apply.
+fn check_task_references(d: &Data) -> Result<(), String> {
+    let n = d.tasks.len() as u32;
+    let bad = |what: String| Err(what);
+    let sorted_unique = |v: &[u32]| v.windows(2).all(|w| w[0] < w[1]);
+    for (id, b) in &d.barriers {
+        let mut inst = Some(b);
+        while let Some(b) = inst {
+            if b.participants.iter().any(|&t| t >= n) || !sorted_unique(&b.participants) {
+                return bad(format!("barrier {id}::{}: bad participant set", b.counter));
+            }
+            if b.arrivals.keys().any(|&t| t >= n) || b.initiating_task >= n {
+                return bad(format!("barrier {id}::{}: unknown task", b.counter));
+            }
+            inst = b.previous.as_deref();
+        }
+    }
+    for (key, r) in &d.alive_rounds {
+        let results_ok = r.results.iter().all(|x| x.tasks.iter().all(|&t| t < n));
+        if r.tasks.iter().any(|&t| t >= n)
+            || !sorted_unique(&r.tasks)
+            || r.callers.keys().any(|&t| t >= n)
+            || !results_ok
+        {
+            return bad(format!("GetAliveTasks round {key}: unknown task"));
+        }
+    }
+    let errors = d
+        .tasks
+        .iter()
+        .flat_map(|t| [&t.error, &t.poll_result, &t.notice])
+        .chain([&d.propagated_error])
+        .flatten();
+    for e in errors {
+        if e.source_task.is_some_and(|t| t >= n) {
+            return bad("an error names an unknown source task".into());
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------- commands, replies ----
+
+/// Whether a client may propose `command` (the area's allow-list). The
+/// timer- and liveness-driven commands (Heartbeat, TasksUnhealthy,
+/// BarrierExpire) belong to the leader runtime, which stamps them itself; a
+/// command added later is refused until it is listed here.
+pub fn client_proposable(command: &Command) -> bool {
+    match command {
+        Command::RegisterTask(_)
+        | Command::ReportError(_)
+        | Command::PollForError(_)
+        | Command::ShutdownTask(_)
+        | Command::ResetTask(_)
+        | Command::KvInsert(_)
+        | Command::KvDelete(_)
+        | Command::KvIncrement(_)
+        | Command::BarrierArrive(_)
+        | Command::BarrierCancel(_)
+        | Command::AliveTasks(_)
+        | Command::WaitForAllTasks(_) => true,
+        Command::Heartbeat(_) | Command::TasksUnhealthy(_) | Command::BarrierExpire(_) => false,
+    }
+}
+
+impl From<Command> for update::Command {
+    fn from(c: Command) -> Self {
+        update::Command::Coordination(pb::coordination::Command { command: Some(c) })
+    }
+}
+
+impl From<Command> for Update {
+    fn from(c: Command) -> Self {
+        Update::from(update::Command::from(c))
+    }
+}
+
+macro_rules! command_into_update {
+    ($($t:ident),* $(,)?) => {$(
+        impl From<pb::coordination::$t> for Command {
+            fn from(c: pb::coordination::$t) -> Self {
+                Command::$t(c)
+            }
+        }
+        impl From<pb::coordination::$t> for update::Command {
+            fn from(c: pb::coordination::$t) -> Self {
+                update::Command::from(Command::$t(c))
+            }
+        }
+        impl From<pb::coordination::$t> for Update {
+            fn from(c: pb::coordination::$t) -> Self {
+                Update::from(Command::$t(c))
+            }
+        }
+    )*};
+}
+
+command_into_update!(
+    RegisterTask,
+    Heartbeat,
+    TasksUnhealthy,
+    ReportError,
+    PollForError,
+    ShutdownTask,
+    ResetTask,
+    KvInsert,
+    KvDelete,
+    KvIncrement,
+    BarrierArrive,
+    BarrierCancel,
+    BarrierExpire,
+    AliveTasks,
+    WaitForAllTasks,
+);
+
+impl Outcome {
+    fn coordination(reply: Reply) -> Self {
+        Outcome {
+            reply: Some(outcome::Reply::Coordination(pb::coordination::Reply {
+                reply: Some(reply),
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn coordination_reply(&self) -> Option<&Reply> {
+        match &self.reply {
+            Some(outcome::Reply::Coordination(r)) => r.reply.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// A RegisterTask answered at once: the service incarnation.
+    pub fn registered(&self) -> Option<u64> {
+        match self.coordination_reply()? {
+            Reply::Registered(inc) => Some(*inc),
+            _ => None,
+        }
+    }
+
+    /// A KvIncrement: the new value.
+    pub fn incremented(&self) -> Option<i64> {
+        match self.coordination_reply()? {
+            Reply::Incremented(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// A BarrierArrive: the instance (counter) the call arrived at.
+    pub fn barrier_counter(&self) -> Option<i64> {
+        match self.coordination_reply()? {
+            Reply::BarrierCounter(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// An AliveTasks call: the round generation it waits on.
+    pub fn alive_generation(&self) -> Option<u64> {
+        match self.coordination_reply()? {
+            Reply::AliveGeneration(g) => Some(*g),
+            _ => None,
+        }
+    }
+}
+
+/// Reply constructors for the area's commands.
+pub(crate) fn registered(inc: u64) -> Outcome {
+    Outcome::coordination(Reply::Registered(inc))
+}
+
+pub(crate) fn incremented(v: i64) -> Outcome {
+    Outcome::coordination(Reply::Incremented(v))
+}
+
+pub(crate) fn barrier_counter(counter: i64) -> Outcome {
+    Outcome::coordination(Reply::BarrierCounter(counter))
+}
+
+pub(crate) fn alive_generation(generation: u64) -> Outcome {
+    Outcome::coordination(Reply::AliveGeneration(generation))
+}
