@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::coord::{CallResult, Coordination};
+use crate::coordination::{CallResult, Coordination};
 use crate::dialect::tf::TfService;
 use crate::dialect::{read, unary};
 
@@ -112,8 +112,8 @@ impl Agent for AgentApi {
         let is_dir = r.is_directory;
         // Start from a linearizable point: every change acknowledged before
         // the watch began is at or below this node's revision now.
-        self.coord.core().linearizable().await?;
-        let state = self.coord.core().node().state().clone();
+        self.coord.router().linearizable().await?;
+        let state = self.coord.router().node().state().clone();
         let mut last = if r.start_revision == 0 {
             state.read(|s| s.coordination().kv_revision())
         } else {

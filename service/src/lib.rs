@@ -1,18 +1,20 @@
-//! coordstore-service: the front door of a node. Dialect adapters translate
-//! `xla.coordination` and `tensorflow` coordination calls into core commands;
-//! the [`core`] validates, stamps and proposes them through Raft, forwarding
-//! from followers and waiting out leader changes; the leader runtime owns
-//! timers and liveness. [`server::start`] runs all of it on one port, beside
-//! coordstore's own `Node` API and the Raft peer service.
+//! coordstore-service: the front door of a node. Dialect adapters
+//! ([`dialect`], [`agent_api`]) translate wire calls into the coordination
+//! area's calls ([`coordination`]), which the [`router`] runs on the leader
+//! wherever they arrive: the [`leader`] part stamps and proposes through
+//! Raft, followers forward, leader changes are waited out. The leader
+//! runtime ([`duties`]) runs one duty per area on the leader (liveness,
+//! deadlines, configuration). [`server::start`] runs all of it on one port,
+//! beside coordstore's own `Node` API and the Raft peer service.
 
 pub mod agent_api;
 pub mod config;
-pub mod coord;
-pub mod core;
+pub mod coordination;
 pub mod ctl;
 pub mod dialect;
+pub mod duties;
+pub mod leader;
 pub mod node_api;
-pub mod push;
-pub mod runtime;
+pub mod router;
 pub mod server;
 pub mod wake;

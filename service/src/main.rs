@@ -120,7 +120,7 @@ async fn serve(opts: ServeOptions) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let role = service::server::settle(node.core.node(), Duration::from_secs(5)).await;
+    let role = service::server::settle(node.router.node(), Duration::from_secs(5)).await;
     tracing::info!(
         "coordstore node {} serving on {} as {} (cluster '{}', {} voting members, data dir {})",
         cfg.node_id,

@@ -13,17 +13,18 @@ use proto::coordstore::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::core::{forwarded, was_forwarded, Core, Retry};
+use crate::leader::Retry;
+use crate::router::{forwarded, was_forwarded, Router};
 
 /// The `Node` service of one node.
 pub struct NodeApi {
-    core: Arc<Core>,
+    router: Arc<Router>,
 }
 
 impl NodeApi {
     /// The tonic service.
-    pub fn server(core: Arc<Core>, max_message_bytes: usize) -> NodeServer<NodeApi> {
-        NodeServer::new(NodeApi { core })
+    pub fn server(router: Arc<Router>, max_message_bytes: usize) -> NodeServer<NodeApi> {
+        NodeServer::new(NodeApi { router })
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
     }
@@ -53,8 +54,8 @@ fn check_external(u: &mut Update) -> Result<(), Status> {
 }
 
 /// This node's status.
-pub fn status(core: &Core) -> StatusResponse {
-    let node = core.node();
+pub fn status(router: &Router) -> StatusResponse {
+    let node = router.node();
     let m = node.metrics();
     let leader = m.current_leader;
     let members = node
@@ -87,14 +88,14 @@ pub fn status(core: &Core) -> StatusResponse {
         last_log_index: m.last_log_index.unwrap_or(0),
         snapshot_index: m.snapshot.map_or(0, |l| l.index),
         purged_index: m.purged.map_or(0, |l| l.index),
-        parked_calls: core.parked_calls(),
+        parked_calls: router.waits().parked_calls(),
     }
 }
 
 #[tonic::async_trait]
 impl Node for NodeApi {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        Ok(Response::new(status(&self.core)))
+        Ok(Response::new(status(&self.router)))
     }
 
     async fn propose(
@@ -105,7 +106,7 @@ impl Node for NodeApi {
         let mut update = Update::decode(req.into_inner().update.as_ref())
             .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
         check_external(&mut update)?;
-        let applied = self.core.propose(update, may_forward).await?;
+        let applied = self.router.propose(update, may_forward).await?;
         Ok(Response::new(ProposeResponse {
             outcome: applied.outcome.encode_to_vec().into(),
             log_index: applied.log_index,
@@ -116,13 +117,13 @@ impl Node for NodeApi {
         let may_forward = !was_forwarded(&req);
         let r = req.into_inner();
         let key = r.key.clone();
-        let core = &self.core;
-        let reply = core
+        let router = &self.router;
+        let reply = router
             .on_leader(
                 may_forward,
                 || async {
-                    core.read_barrier().await?;
-                    let node = core.node();
+                    router.leader().read_barrier().await?;
+                    let node = router.node();
                     let mut reply = node
                         .state()
                         .read(|s| match s.coordination().kv_entry(&key) {
@@ -136,7 +137,7 @@ impl Node for NodeApi {
                         });
                     reply.served_by = node.id();
                     reply.term = node.metrics().current_term;
-                    reply.applied_index = core.applied_index();
+                    reply.applied_index = router.waits().applied_index();
                     Ok(reply)
                 },
                 |mut c| {
@@ -154,14 +155,14 @@ impl Node for NodeApi {
     ) -> Result<Response<KvListResponse>, Status> {
         let may_forward = !was_forwarded(&req);
         let r = req.into_inner();
-        let core = &self.core;
+        let router = &self.router;
         let (prefix, limit) = (r.prefix.clone(), r.limit as usize);
-        let reply = core
+        let reply = router
             .on_leader(
                 may_forward,
                 || async {
-                    core.read_barrier().await?;
-                    Ok(core.node().state().read(|s| {
+                    router.leader().read_barrier().await?;
+                    Ok(router.node().state().read(|s| {
                         let pair = |(k, e): (&str, &journal::pb::coordination::KvRecord)| KvPair {
                             key: k.to_string(),
                             value: e.value.clone(),
@@ -194,13 +195,13 @@ impl Node for NodeApi {
 
     async fn state(&self, req: Request<StateRequest>) -> Result<Response<StateResponse>, Status> {
         let may_forward = !was_forwarded(&req);
-        let core = &self.core;
-        let reply = core
+        let router = &self.router;
+        let reply = router
             .on_leader(
                 may_forward,
                 || async {
-                    core.read_barrier().await?;
-                    let state = core.node().state();
+                    router.leader().read_barrier().await?;
+                    let state = router.node().state();
                     Ok(StateResponse {
                         snapshot: state.read(|s| s.encode_snapshot()).into(),
                         last_applied: state.last_applied().map_or(0, |l| l.index),
@@ -216,7 +217,7 @@ impl Node for NodeApi {
         &self,
         req: Request<ReadIndexRequest>,
     ) -> Result<Response<ReadIndexResponse>, Status> {
-        let index = self.core.read_index(!was_forwarded(&req)).await?;
+        let index = self.router.read_index(!was_forwarded(&req)).await?;
         Ok(Response::new(ReadIndexResponse { index }))
     }
 
@@ -227,7 +228,7 @@ impl Node for NodeApi {
         let may_forward = !was_forwarded(&req);
         let r = req.into_inner();
         let answer = self
-            .core
+            .router
             .heartbeat(r.task, r.incarnation, may_forward)
             .await?;
         Ok(Response::new(HeartbeatResponse {
@@ -242,42 +243,43 @@ impl Node for NodeApi {
         &self,
         req: Request<AddMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
-        self.core.node().peer_token().check(&req)?;
+        self.router.node().peer_token().check(&req)?;
         let may_forward = !was_forwarded(&req);
         let r = req.into_inner();
-        let core = &self.core;
+        let router = &self.router;
         let (id, addr) = (r.id, r.address.clone());
-        core.on_leader(
-            may_forward,
-            || {
-                let addr = addr.clone();
-                async move {
-                    let node = core.node();
-                    node.add_learner(id, &addr).await.map_err(Retry)?;
-                    let mut voters: std::collections::BTreeSet<u64> = node
-                        .members()
-                        .into_iter()
-                        .filter(|(_, _, voter)| *voter)
-                        .map(|(n, _, _)| n)
-                        .collect();
-                    voters.insert(id);
-                    node.change_voters(voters, false).await.map_err(Retry)?;
-                    Ok(())
-                }
-            },
-            |mut c| {
-                let r = r.clone();
-                async move {
-                    let mut req = forwarded(r);
-                    core.node().peer_token().attach(&mut req);
-                    c.add_member(req).await?;
-                    Ok(())
-                }
-            },
-        )
-        .await?;
+        router
+            .on_leader(
+                may_forward,
+                || {
+                    let addr = addr.clone();
+                    async move {
+                        let node = router.node();
+                        node.add_learner(id, &addr).await.map_err(Retry)?;
+                        let mut voters: std::collections::BTreeSet<u64> = node
+                            .members()
+                            .into_iter()
+                            .filter(|(_, _, voter)| *voter)
+                            .map(|(n, _, _)| n)
+                            .collect();
+                        voters.insert(id);
+                        node.change_voters(voters, false).await.map_err(Retry)?;
+                        Ok(())
+                    }
+                },
+                |mut c| {
+                    let r = r.clone();
+                    async move {
+                        let mut req = forwarded(r);
+                        router.node().peer_token().attach(&mut req);
+                        c.add_member(req).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
         Ok(Response::new(MembershipResponse {
-            members: status(core).members,
+            members: status(router).members,
         }))
     }
 
@@ -285,23 +287,24 @@ impl Node for NodeApi {
         &self,
         req: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
-        self.core.node().peer_token().check(&req)?;
+        self.router.node().peer_token().check(&req)?;
         let may_forward = !was_forwarded(&req);
         let id = req.into_inner().id;
-        let core = &self.core;
-        core.on_leader(
-            may_forward,
-            || async move { core.node().remove(id).await.map_err(Retry) },
-            |mut c| async move {
-                let mut req = forwarded(RemoveMemberRequest { id });
-                core.node().peer_token().attach(&mut req);
-                c.remove_member(req).await?;
-                Ok(())
-            },
-        )
-        .await?;
+        let router = &self.router;
+        router
+            .on_leader(
+                may_forward,
+                || async move { router.node().remove(id).await.map_err(Retry) },
+                |mut c| async move {
+                    let mut req = forwarded(RemoveMemberRequest { id });
+                    router.node().peer_token().attach(&mut req);
+                    c.remove_member(req).await?;
+                    Ok(())
+                },
+            )
+            .await?;
         Ok(Response::new(MembershipResponse {
-            members: status(core).members,
+            members: status(router).members,
         }))
     }
 }

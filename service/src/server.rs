@@ -5,23 +5,24 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use journal::pb::{update::Command, InitService};
-use journal::Update;
 use raft::{NodeConfig, RaftNode, Role};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::agent_api::AgentApi;
 use crate::config::ServeConfig;
-use crate::coord::Coordination;
-use crate::core::Core;
+use crate::coordination::Coordination;
 use crate::dialect::{tf::TfService, xla::XlaService};
+use crate::duties::{cluster::ClusterDuty, coordination::CoordinationDuty, LeaderRuntime};
+use crate::leader::LocalLeader;
 use crate::node_api::NodeApi;
+use crate::router::Router;
+use crate::wake::Waits;
 
 /// A running node.
 pub struct RunningNode {
-    /// The core (tests and the binary use it).
-    pub core: Arc<Core>,
+    /// The router (tests and the binary use it).
+    pub router: Arc<Router>,
     /// The bound address.
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -68,30 +69,35 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         peer_token: cfg.peer_token.clone(),
     })
     .await?;
-    let core = Arc::new(
-        Core::new(
-            node.clone(),
-            Duration::from_millis(cfg.leader_wait_ms),
-            cfg.max_message_bytes,
-        )
-        .with_tf_addresses(cfg.tf_addresses.clone())
-        .with_max_parked_calls(cfg.max_parked_calls),
-    );
+    let leader = LocalLeader::new(node.clone());
+    let coordination_duty = Arc::new(CoordinationDuty::new(cfg.tf_addresses.clone()));
+    let duties = Arc::new(LeaderRuntime::new(vec![
+        Arc::new(ClusterDuty::new(cfg.coordination.clone())),
+        coordination_duty.clone(),
+    ]));
+    let waits = Arc::new(Waits::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls));
+    let router = Arc::new(Router::new(
+        leader.clone(),
+        coordination_duty,
+        waits.clone(),
+        Duration::from_millis(cfg.leader_wait_ms),
+        cfg.max_message_bytes,
+    ));
 
-    let coord = Coordination::new(core.clone(), Duration::from_millis(cfg.leader_wait_ms));
+    let coord = Coordination::new(router.clone(), Duration::from_millis(cfg.leader_wait_ms));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
+    let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(node.peer_service())
-        .add_service(NodeApi::server(core.clone(), cfg.max_message_bytes))
+        .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes))
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(TfService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(AgentApi::server(coord, cfg.max_message_bytes));
     // Nagle off on accepted connections (tonic's own setting only covers the
     // listeners it binds itself): small replies must not wait for ACKs.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+    let server = tokio::spawn(grpc.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;
     }));
 
@@ -101,12 +107,11 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         }
     }
     let tasks = vec![
-        tokio::spawn(init_service_when_leader(core.clone(), cfg.clone())),
-        tokio::spawn(core.runtime().clone().run(core.clone())),
-        tokio::spawn(crate::wake::run_key_wakeups(core.clone())),
+        tokio::spawn(duties.run(leader)),
+        tokio::spawn(crate::wake::run_key_wakeups(waits)),
     ];
     Ok(RunningNode {
-        core,
+        router,
         addr,
         stop: Some(stop_tx),
         server,
@@ -123,7 +128,7 @@ impl RunningNode {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        self.core.node().shutdown().await;
+        self.router.node().shutdown().await;
         let _ = (&mut self.server).await;
     }
 }
@@ -141,37 +146,4 @@ pub async fn settle(node: &RaftNode, wait: Duration) -> Role {
         }
     }
     node.role()
-}
-
-/// Leader runtime, first duty: the first leader of a fresh cluster configures
-/// the service and draws its incarnation (kept by every later leader).
-async fn init_service_when_leader(core: Arc<Core>, cfg: ServeConfig) {
-    let mut metrics = core.node().raft().metrics();
-    loop {
-        let leader = metrics.borrow().current_leader == Some(core.node().id());
-        if leader && !core.node().state().read(|s| s.is_initialized()) {
-            let update = Update {
-                command: Some(Command::InitService(InitService {
-                    config: Some(cfg.coordination.clone()),
-                    service_incarnation: rand::random(),
-                })),
-                ..Default::default()
-            };
-            match core.propose(update, false).await {
-                Ok(a) => {
-                    if let Some(e) = a.outcome.error {
-                        tracing::warn!(
-                            "the replicated configuration differs from this node's flags: {}",
-                            e.message
-                        );
-                    }
-                }
-                Err(e) => tracing::warn!("configuring the service failed (will retry): {e}"),
-            }
-            continue;
-        }
-        if metrics.changed().await.is_err() {
-            return;
-        }
-    }
 }

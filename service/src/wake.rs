@@ -17,10 +17,137 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tonic::Status;
 
-use crate::core::Core;
+use journal::{DomainError, State};
+use raft::RaftNode;
 
 /// Default bound on the client calls parked on one node.
 pub const DEFAULT_MAX_PARKED_CALLS: u64 = 100_000;
+
+/// The calls parked on this node's applied state: how they wait, and how
+/// many there are.
+pub struct Waits {
+    node: Arc<RaftNode>,
+    parked: AtomicU64,
+    max_parked: u64,
+    key_waiters: KeyWaiters,
+}
+
+impl Waits {
+    /// The waits on `node`'s applied state.
+    pub fn new(node: Arc<RaftNode>) -> Self {
+        Waits {
+            node,
+            parked: AtomicU64::new(0),
+            max_parked: DEFAULT_MAX_PARKED_CALLS,
+            key_waiters: KeyWaiters::default(),
+        }
+    }
+
+    /// These waits with at most `max` calls parked at once (0: no bound).
+    pub fn with_max_parked_calls(mut self, max: u64) -> Self {
+        self.max_parked = max;
+        self
+    }
+
+    /// The waiters of blocking gets, by key.
+    pub fn key_waiters(&self) -> &KeyWaiters {
+        &self.key_waiters
+    }
+
+    /// The last applied log index of this node.
+    pub fn applied_index(&self) -> u64 {
+        self.node.state().last_applied().map_or(0, |l| l.index)
+    }
+
+    /// Waits until this node has applied `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<(), Status> {
+        let mut rx = self.node.state().subscribe();
+        while *rx.borrow_and_update() < index {
+            rx.changed()
+                .await
+                .map_err(|_| Status::unavailable("the node is shutting down"))?;
+        }
+        Ok(())
+    }
+
+    /// Waits on the local state, from `log_index` on, until `check` answers.
+    /// The wait belongs to job `epoch`; a job-epoch reset ends it with ABORTED.
+    pub async fn wait_for<T>(
+        &self,
+        log_index: u64,
+        epoch: u64,
+        mut check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
+    ) -> Result<Result<T, DomainError>, Status> {
+        self.wait_applied(log_index).await?;
+        let state = self.node.state();
+        let mut rx = state.subscribe();
+        let mut parked: Option<Parked<'_>> = None;
+        loop {
+            rx.borrow_and_update();
+            let answer = state.read(|s| {
+                if s.epoch() != epoch {
+                    Some(Err(journal::errors::epoch_reset()))
+                } else {
+                    check(s)
+                }
+            });
+            if let Some(a) = answer {
+                return Ok(a);
+            }
+            // Counted from the first time the answer is not there yet until
+            // the call ends (answered, or dropped with its client).
+            if parked.is_none() {
+                parked = Some(Parked::new(&self.parked, self.max_parked)?);
+            }
+            rx.changed()
+                .await
+                .map_err(|_| Status::unavailable("the node is shutting down"))?;
+        }
+    }
+
+    /// Waits on the local state, from `log_index` on, until `key` exists
+    /// (its value), woken only by changes of that key (see [`crate::wake`]).
+    /// The wait belongs to job `epoch`; a job-epoch reset ends it with
+    /// ABORTED.
+    pub async fn wait_for_key(
+        &self,
+        log_index: u64,
+        epoch: u64,
+        key: &str,
+    ) -> Result<Result<bytes::Bytes, DomainError>, Status> {
+        self.wait_applied(log_index).await?;
+        let state = self.node.state();
+        let wait = self
+            .key_waiters
+            .register(journal::coordination::normalize_key(key));
+        let mut parked: Option<Parked<'_>> = None;
+        loop {
+            let woken = wait.notified();
+            let answer = state.read(|s| {
+                if s.epoch() != epoch {
+                    Some(Err(journal::errors::epoch_reset()))
+                } else {
+                    s.coordination().kv_get(key).map(|v| Ok(v.clone()))
+                }
+            });
+            if let Some(a) = answer {
+                return Ok(a);
+            }
+            if parked.is_none() {
+                parked = Some(Parked::new(&self.parked, self.max_parked)?);
+            }
+            woken.await;
+            if self.key_waiters.is_closed() {
+                return Err(Status::unavailable("the node is shutting down"));
+            }
+        }
+    }
+
+    /// Client calls parked on this node's applied state right now.
+    pub fn parked_calls(&self) -> u64 {
+        self.parked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// The waiters of each key, by normalised key.
 #[derive(Default)]
@@ -105,18 +232,18 @@ impl KeyWaiters {
 
 /// Follows this node's applied state and wakes the waiters of the keys that
 /// changed. Runs for the life of the node.
-pub async fn run_key_wakeups(core: Arc<Core>) {
-    let state = core.node().state();
+pub async fn run_key_wakeups(waits: Arc<Waits>) {
+    let state = waits.node.state();
     let mut rx = state.subscribe();
     let (mut revision, mut epoch) = state.read(|s| (s.coordination().kv_revision(), s.epoch()));
     loop {
         if rx.changed().await.is_err() {
-            core.key_waiters().closed.store(true, Ordering::Relaxed);
-            core.key_waiters().wake_all();
+            waits.key_waiters().closed.store(true, Ordering::Relaxed);
+            waits.key_waiters().wake_all();
             return;
         }
         rx.borrow_and_update();
-        let waiters = core.key_waiters();
+        let waiters = waits.key_waiters();
         if waiters.waited_keys() == 0 {
             (revision, epoch) = state.read(|s| (s.coordination().kv_revision(), s.epoch()));
             continue;

@@ -199,13 +199,17 @@ async fn the_agent_rides_through_a_leader_kill_and_its_watch_misses_nothing() {
             .unwrap_or_else(|e| panic!("insert {i}: {e}"));
     }
     a.delete_key_value("w/0000").await.unwrap();
+    // A last write marks the end: the watch delivers in revision order, so
+    // once it arrives every earlier event (and any repeat of one) has.
+    a.insert_key_value("w/zzzz", "end").await.unwrap();
+    let end = ("w/zzzz".to_string(), Some(Bytes::from("end")));
     let deadline = std::time::Instant::now() + WAIT;
-    while seen.lock().unwrap().len() < 301 {
+    while !seen.lock().unwrap().contains(&end) {
         assert!(std::time::Instant::now() < deadline, "watch fell behind");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let seen = seen.lock().unwrap().clone();
+    let mut seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.pop(), Some(end), "the end marker comes last");
     assert_eq!(seen.len(), 301, "no event missing or repeated");
     for (i, (k, v)) in seen.iter().take(300).enumerate() {
         assert_eq!(k, &format!("w/{i:04}"));

@@ -1,5 +1,5 @@
 //! Wire dialect adapters. Each translates its wire messages to the shared
-//! [`Coordination`](crate::coord::Coordination) operations and domain errors
+//! [`Coordination`](crate::coordination::Coordination) operations and domain errors
 //! back to the exact wire error: status code, message, and the
 //! `grpc-status-details-bin` trailer holding a serialized
 //! `tensorflow.distributed_runtime.GrpcPayloadContainer` (reference §2.4).
@@ -16,7 +16,7 @@ use prost::Message;
 use proto::payloads::GrpcPayloadContainer;
 use tonic::{Code, Request, Response, Status};
 
-use crate::coord::{CallError, CallResult, Coordination};
+use crate::coordination::{CallError, CallResult, Coordination};
 
 /// A status with the payload container trailer (or none when `payloads` is
 /// empty).

@@ -22,7 +22,7 @@ use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
 use super::{read, status_with_payloads, unary, WireErrors};
-use crate::coord::{CallResult, Coordination};
+use crate::coordination::{CallResult, Coordination};
 
 type Reply<T> = Result<Response<T>, Status>;
 

@@ -1,4 +1,5 @@
-//! Pushing propagated errors to TensorFlow tasks, a duty of the leader.
+//! Pushing propagated errors to TensorFlow tasks, part of the coordination
+//! duty of the leader.
 //!
 //! TensorFlow's own service knows every task's address (the ClusterSpec) and
 //! sends each CONNECTED task `ReportErrorToTask` as soon as an error is

@@ -1,6 +1,7 @@
-//! The coordination operations both wire dialects share. An adapter resolves
-//! wire task names to task indices and calls these; each operation proposes
-//! its update through the core (leader, forwarding, exactly-once retries) and,
+//! The coordination area's calls, which every wire dialect shares. An
+//! adapter calls these with wire task names resolved here; each call
+//! proposes its update through the router (leader, forwarding, exactly-once
+//! retries) and,
 //! for calls that wait, waits on this node's applied state — so a wait never
 //! depends on which node is leader, and survives a failover untouched.
 
@@ -25,7 +26,8 @@ use journal::{
 use raft::Applied;
 use tonic::Status;
 
-use crate::core::{now_ms, Core};
+use crate::leader::now_ms;
+use crate::router::Router;
 
 /// How long a heartbeat looks for the leader before the node considers
 /// answering it itself.
@@ -71,7 +73,7 @@ pub struct TaskView {
 /// updates carry that epoch, so a call that raced a job reset is refused
 /// instead of landing on whatever task has the index now.
 pub struct Coordination {
-    core: Arc<Core>,
+    router: Arc<Router>,
     ready_wait: Duration,
     origin: Option<Origin>,
     /// The epoch of the first task resolution (`NOT_NAMED`: none yet).
@@ -83,7 +85,7 @@ const NOT_NAMED: u64 = u64::MAX;
 impl Clone for Coordination {
     fn clone(&self) -> Self {
         Coordination {
-            core: self.core.clone(),
+            router: self.router.clone(),
             ready_wait: self.ready_wait,
             origin: self.origin,
             named_in: AtomicU64::new(self.named_in.load(Ordering::Relaxed)),
@@ -122,11 +124,11 @@ fn flatten<T>(r: Result<Result<T, DomainError>, Status>) -> CallResult<T> {
 }
 
 impl Coordination {
-    /// Operations over `core`; a call waits up to `ready_wait` for the
+    /// Calls through `router`; a call waits up to `ready_wait` for the
     /// service to be configured before answering UNAVAILABLE.
-    pub fn new(core: Arc<Core>, ready_wait: Duration) -> Self {
+    pub fn new(router: Arc<Router>, ready_wait: Duration) -> Self {
         Coordination {
-            core,
+            router,
             ready_wait,
             origin: None,
             named_in: AtomicU64::new(NOT_NAMED),
@@ -137,16 +139,16 @@ impl Coordination {
     /// (from [`ORIGIN_HEADER`]) instead of one stamped by this node.
     pub fn for_request<T>(&self, req: &tonic::Request<T>) -> Result<Coordination, Status> {
         Ok(Coordination {
-            core: self.core.clone(),
+            router: self.router.clone(),
             ready_wait: self.ready_wait,
             origin: request_origin(req)?,
             named_in: AtomicU64::new(NOT_NAMED),
         })
     }
 
-    /// The core.
-    pub fn core(&self) -> &Arc<Core> {
-        &self.core
+    /// The router.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
     }
 
     /// The index of task `id` of job `job`, resolved in the current job
@@ -178,7 +180,7 @@ impl Coordination {
 
     /// Reads the local state.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        self.core.node().state().read(f)
+        self.router.node().state().read(f)
     }
 
     /// Waits until this node has applied the service configuration (the
@@ -189,7 +191,7 @@ impl Coordination {
             return Ok(());
         }
         let deadline = Instant::now() + self.ready_wait;
-        let mut rx = self.core.node().state().subscribe();
+        let mut rx = self.router.node().state().subscribe();
         loop {
             rx.borrow_and_update();
             if self.read(|s| s.is_initialized()) {
@@ -210,7 +212,7 @@ impl Coordination {
         if self.read(|s| s.service_incarnation()) == requested {
             return Ok(());
         }
-        self.core.linearizable().await?;
+        self.router.linearizable().await?;
         let current = self.read(|s| s.service_incarnation());
         if current == requested {
             Ok(())
@@ -221,7 +223,7 @@ impl Coordination {
 
     async fn propose(&self, command: Command) -> CallResult<(Applied, Outcome)> {
         let applied = self
-            .core
+            .router
             .propose(
                 Update {
                     origin: self.origin,
@@ -245,7 +247,12 @@ impl Coordination {
         check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> CallResult<T> {
         let epoch = applied.outcome.epoch;
-        flatten(self.core.wait_for(applied.log_index, epoch, check).await)
+        flatten(
+            self.router
+                .waits()
+                .wait_for(applied.log_index, epoch, check)
+                .await,
+        )
     }
 
     /// Waits, after a linearizable read, until `check` answers.
@@ -253,10 +260,10 @@ impl Coordination {
         &self,
         check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> CallResult<T> {
-        self.core.linearizable().await?;
-        let index = self.core.applied_index();
+        self.router.linearizable().await?;
+        let index = self.router.waits().applied_index();
         let epoch = self.read(|s| s.epoch());
-        flatten(self.core.wait_for(index, epoch, check).await)
+        flatten(self.router.waits().wait_for(index, epoch, check).await)
     }
 
     /// RegisterTask: answers the service incarnation once the task is
@@ -284,7 +291,7 @@ impl Coordination {
             reply(out.registered(), "RegisterTask")?
         };
         // A (re)registration counts as a heartbeat for the leader's liveness.
-        let _ = self.core.heartbeat(task, incarnation, true).await;
+        let _ = self.router.heartbeat(task, incarnation, true).await;
         Ok(inc)
     }
 
@@ -298,10 +305,10 @@ impl Coordination {
     /// window (this node cut off from the majority), waits for a leader, so
     /// the task learns its fate from the majority.
     pub async fn heartbeat(&self, task: u32, incarnation: u64) -> CallResult<u64> {
-        let core = self.core.clone();
+        let router = self.router.clone();
         // The leader gets the heartbeat even when it is answered here first.
         let mut to_leader =
-            tokio::spawn(async move { core.heartbeat(task, incarnation, true).await });
+            tokio::spawn(async move { router.heartbeat(task, incarnation, true).await });
         let early = tokio::time::timeout(HEARTBEAT_LEADER_BUDGET, &mut to_leader)
             .await
             .ok();
@@ -309,7 +316,7 @@ impl Coordination {
             answer?;
             return Ok(self.read(|s| s.service_incarnation()));
         }
-        let accepted = self.core.leader_heard_recently()
+        let accepted = self.router.leader().leader_heard_recently()
             && matches!(
                 self.read(|s| s
                     .coordination()
@@ -322,7 +329,7 @@ impl Coordination {
                 None => to_leader
                     .await
                     .map_err(|e| Status::internal(format!("heartbeat task failed: {e}")))?,
-                Some(_) => self.core.heartbeat(task, incarnation, true).await,
+                Some(_) => self.router.heartbeat(task, incarnation, true).await,
             };
             flatten(answer)?;
         }
@@ -399,7 +406,7 @@ impl Coordination {
 
     /// The stored entries of `tasks` (linearizable), for GetTaskState.
     pub async fn task_entries(&self, tasks: &[u32]) -> CallResult<Vec<TaskEntry>> {
-        self.core.linearizable().await?;
+        self.router.linearizable().await?;
         Ok(self.read(|s| {
             tasks
                 .iter()
@@ -426,22 +433,22 @@ impl Coordination {
 
     /// GetKeyValue: the value once the key exists (no server-side timeout).
     pub async fn kv_get_blocking(&self, key: &str) -> CallResult<Bytes> {
-        self.core.linearizable().await?;
-        let index = self.core.applied_index();
+        self.router.linearizable().await?;
+        let index = self.router.waits().applied_index();
         let epoch = self.read(|s| s.epoch());
-        flatten(self.core.wait_for_key(index, epoch, key).await)
+        flatten(self.router.waits().wait_for_key(index, epoch, key).await)
     }
 
     /// TryGetKeyValue: NOT_FOUND if absent.
     pub async fn kv_try_get(&self, key: &str) -> CallResult<Bytes> {
-        self.core.linearizable().await?;
+        self.router.linearizable().await?;
         self.read(|s| s.coordination().kv_get(key).cloned())
             .ok_or_else(|| CallError::Domain(journal::coordination::errors::key_not_found(key)))
     }
 
     /// GetKeyValueDir: entries under `dir`, stored (normalised) keys.
     pub async fn kv_dir(&self, dir: &str) -> CallResult<Vec<(String, Bytes)>> {
-        self.core.linearizable().await?;
+        self.router.linearizable().await?;
         Ok(self.read(|s| {
             s.coordination()
                 .kv_dir(dir)
