@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/base.proto",
         "proto/journal.proto",
         "proto/coordination.proto",
+        "proto/dispatcher.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

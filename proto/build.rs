@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/grpc_payloads.proto",
         "proto/tf_coordination.proto",
         "proto/coordstore.proto",
+        "proto/tf_data.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
@@ -21,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".xla.coordination.KeyValueEntry.value")
         .bytes(".tensorflow.KeyValueEntry.value")
         .bytes(".coordstore.v1")
+        .bytes(".tensorflow.data")
         .compile_protos(&files, &["proto"])?;
     Ok(())
 }

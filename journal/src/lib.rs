@@ -6,7 +6,7 @@
 //! and random values (incarnations) into the update.
 //!
 //! The state has **areas**, each one module with its own command, reply,
-//! state and errors: [`coordination`] today, the tf.data dispatcher and the
+//! state and errors: [`coordination`] and the tf.data [`dispatcher`]; the
 //! closure queue next. `State::apply` handles what the areas share (the
 //! cluster configuration and job epoch, exactly-once sessions) and hands an
 //! area's command to that area ([`area::Area`]). Areas never call each
@@ -45,6 +45,14 @@ pub mod pb {
             "/coordstore.journal.coordination.rs"
         ));
     }
+
+    /// The tf.data dispatcher area's messages (`proto/dispatcher.proto`).
+    pub mod dispatcher {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/coordstore.journal.dispatcher.rs"
+        ));
+    }
 }
 
 /// The encoding version of updates and snapshots. A data dir records the
@@ -55,6 +63,7 @@ pub const FORMAT_VERSION: u32 = 2;
 pub mod area;
 mod cluster;
 pub mod coordination;
+pub mod dispatcher;
 pub mod errors;
 mod state;
 

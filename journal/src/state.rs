@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::coordination;
+use crate::dispatcher;
 use crate::errors;
 use crate::pb::{
     outcome, update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome,
@@ -40,6 +41,7 @@ impl Default for State {
         State {
             data: StateData {
                 coordination: Some(Default::default()),
+                dispatcher: Some(Default::default()),
                 ..Default::default()
             },
         }
@@ -129,6 +131,10 @@ pub fn client_proposable(command: &Command) -> bool {
             .command
             .as_ref()
             .is_some_and(coordination::client_proposable),
+        Command::Dispatcher(c) => c
+            .command
+            .as_ref()
+            .is_some_and(dispatcher::client_proposable),
     }
 }
 
@@ -136,6 +142,13 @@ pub fn client_proposable(command: &Command) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum AreaId {
     Coordination,
+    Dispatcher,
+}
+
+/// Every area's state, borrowed apart from the shared part.
+struct Areas<'s> {
+    coordination: &'s mut coordination::Data,
+    dispatcher: &'s mut dispatcher::Data,
 }
 
 impl State {
@@ -186,26 +199,30 @@ impl State {
             Command::Noop(_) => Outcome::ok(),
             Command::Coordination(c) => {
                 let mut lost = Vec::new();
-                let (mut cx, area) = self.split(u.at_ms, &mut lost);
-                let out = area.apply(&mut cx, c);
+                let (mut cx, areas) = self.split(u.at_ms, &mut lost);
+                let out = areas.coordination.apply(&mut cx, c);
                 self.tell_task_lost(AreaId::Coordination, &lost, u.at_ms);
+                out
+            }
+            Command::Dispatcher(c) => {
+                let mut lost = Vec::new();
+                let (mut cx, areas) = self.split(u.at_ms, &mut lost);
+                let out = areas.dispatcher.apply(&mut cx, c);
+                self.tell_task_lost(AreaId::Dispatcher, &lost, u.at_ms);
                 out
             }
         }
     }
 
-    /// The shared context and the coordination area, borrowed apart.
-    fn split<'s>(
-        &'s mut self,
-        at_ms: u64,
-        lost: &'s mut Vec<u32>,
-    ) -> (Context<'s>, &'s mut coordination::Data) {
+    /// The shared context and every area, borrowed apart.
+    fn split<'s>(&'s mut self, at_ms: u64, lost: &'s mut Vec<u32>) -> (Context<'s>, Areas<'s>) {
         let StateData {
             config,
             service_incarnation,
             epoch,
             next_call_id,
             coordination,
+            dispatcher,
             ..
         } = &mut self.data;
         let cx = Context {
@@ -218,18 +235,23 @@ impl State {
             next_call_id,
             lost,
         };
-        (cx, coordination.get_or_insert_with(Default::default))
+        let areas = Areas {
+            coordination: coordination.get_or_insert_with(Default::default),
+            dispatcher: dispatcher.get_or_insert_with(Default::default),
+        };
+        (cx, areas)
     }
 
-    /// Every area other than `from` hears that these tasks were lost. The
-    /// coordination area is the only one today, and the only one that loses
-    /// tasks; the dispatcher and the closure queue will hear of it here.
+    /// Every area other than `from` hears that these tasks were lost.
     fn tell_task_lost(&mut self, from: AreaId, lost: &[u32], at_ms: u64) {
         for &task in lost {
+            let mut more = Vec::new();
+            let (mut cx, areas) = self.split(at_ms, &mut more);
             if from != AreaId::Coordination {
-                let mut more = Vec::new();
-                let (mut cx, area) = self.split(at_ms, &mut more);
-                area.on_task_lost(&mut cx, task);
+                areas.coordination.on_task_lost(&mut cx, task);
+            }
+            if from != AreaId::Dispatcher {
+                areas.dispatcher.on_task_lost(&mut cx, task);
             }
         }
     }
@@ -251,8 +273,9 @@ impl State {
         self.data.service_incarnation = c.service_incarnation;
         self.data.config = Some(config);
         let mut lost = Vec::new();
-        let (mut cx, area) = self.split(at_ms, &mut lost);
-        area.on_init(&mut cx);
+        let (mut cx, areas) = self.split(at_ms, &mut lost);
+        areas.coordination.on_init(&mut cx);
+        areas.dispatcher.on_init(&mut cx);
         Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
@@ -270,8 +293,9 @@ impl State {
         self.data.service_incarnation = c.service_incarnation;
         self.data.config = Some(config);
         let mut lost = Vec::new();
-        let (mut cx, area) = self.split(at_ms, &mut lost);
-        area.on_epoch_reset(&mut cx);
+        let (mut cx, areas) = self.split(at_ms, &mut lost);
+        areas.coordination.on_epoch_reset(&mut cx);
+        areas.dispatcher.on_epoch_reset(&mut cx);
         Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
@@ -388,11 +412,15 @@ impl State {
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
         let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
         data.coordination.get_or_insert_with(Default::default);
+        data.dispatcher.get_or_insert_with(Default::default);
         if let Some(c) = &data.config {
             check_config(c).map_err(|e| SnapshotError(e.message))?;
         }
         let s = State { data };
         s.coordination_data()
+            .check_snapshot(s.cluster())
+            .map_err(SnapshotError)?;
+        s.dispatcher_data()
             .check_snapshot(s.cluster())
             .map_err(SnapshotError)?;
         Ok(s)
@@ -430,6 +458,20 @@ impl State {
             cl: self.cluster(),
             data: self.coordination_data(),
         }
+    }
+
+    /// The tf.data dispatcher area, read-only.
+    pub fn dispatcher(&self) -> dispatcher::Reader<'_> {
+        dispatcher::Reader {
+            data: self.dispatcher_data(),
+        }
+    }
+
+    fn dispatcher_data(&self) -> &dispatcher::Data {
+        self.data
+            .dispatcher
+            .as_ref()
+            .expect("every area's part is present")
     }
 
     fn coordination_data(&self) -> &coordination::Data {

@@ -4,6 +4,8 @@
 //!   0.12 dials (`reference/coordination_service_jaxlib_0_12.proto`).
 //! * [`tf`] — `tensorflow.CoordinationService`, the TensorFlow-era API of
 //!   seed 003, with device-info messages carried as opaque bytes.
+//! * [`tfdata`] — `tensorflow.data.DispatcherService`, the tf.data service
+//!   dispatcher TensorFlow 2.21 workers and clients dial.
 //! * [`coordstore`] — coordstore's own API: Raft peer RPCs and the node API.
 //! * [`payloads`] — `tensorflow.distributed_runtime.GrpcPayloadContainer`, the
 //!   container both dialects put in the `grpc-status-details-bin` trailer.
@@ -21,6 +23,13 @@ pub mod xla {
 #[allow(clippy::all, clippy::pedantic)]
 pub mod tf {
     tonic::include_proto!("tensorflow");
+}
+
+/// `tensorflow.data`: the tf.data service dispatcher API of TensorFlow 2.21,
+/// with TensorFlow's graph and tensor messages as opaque bytes.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod tfdata {
+    tonic::include_proto!("tensorflow.data");
 }
 
 /// `coordstore.v1`: coordstore's own API — Raft peer RPCs and the node API.
