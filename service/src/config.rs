@@ -124,10 +124,49 @@ pub struct ServeOptions {
     /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 100000]
     #[arg(long)]
     pub max_parked_calls: Option<u64>,
+    /// The tf.data service version GetVersion answers; clients and workers
+    /// require their own (TensorFlow 2.21: 9) [default: 9]
+    #[arg(long)]
+    pub tfdata_version: Option<i64>,
+    /// A tf.data client with no heartbeat for this long is released [default: 300000]
+    #[arg(long)]
+    pub tfdata_client_timeout_ms: Option<u64>,
+    /// An iteration without clients for this long is garbage collected; 0 = never [default: 300000]
+    #[arg(long)]
+    pub tfdata_gc_timeout_ms: Option<u64>,
+    /// The tf.data workers of static sharding (FILE, DATA, FILE_OR_DATA,
+    /// HINT), in worker-index order, comma-separated; a `%port%` in an entry
+    /// matches any port [default: none]
+    #[arg(long)]
+    pub tfdata_worker_addresses: Option<String>,
     /// A TOML file with any of these keys
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+}
+
+/// The tf.data dispatcher's settings (the same on every node).
+#[derive(Clone, Debug)]
+pub struct TfDataConfig {
+    /// What GetVersion answers.
+    pub version: i64,
+    /// Release a client unheard of for this long.
+    pub client_timeout_ms: u64,
+    /// Collect an iteration without clients for this long (0: never).
+    pub gc_timeout_ms: u64,
+    /// Static sharding's workers, by index.
+    pub worker_addresses: Vec<String>,
+}
+
+impl Default for TfDataConfig {
+    fn default() -> Self {
+        TfDataConfig {
+            version: 9,
+            client_timeout_ms: 300_000,
+            gc_timeout_ms: 300_000,
+            worker_addresses: Vec::new(),
+        }
+    }
 }
 
 /// The resolved configuration of one node.
@@ -166,6 +205,8 @@ pub struct ServeConfig {
     pub max_parked_calls: u64,
     /// The cluster's peer token, from --peer-token-file.
     pub peer_token: Option<String>,
+    /// The tf.data dispatcher's settings.
+    pub tfdata: TfDataConfig,
 }
 
 /// Reads a ClusterSpec (`{"job": ["host:port", ...]}`) or a TF_CONFIG
@@ -257,7 +298,11 @@ impl ServeOptions {
             election_timeout_ms,
             leader_wait_ms,
             max_parked_calls,
-            peer_token_file
+            peer_token_file,
+            tfdata_version,
+            tfdata_client_timeout_ms,
+            tfdata_gc_timeout_ms,
+            tfdata_worker_addresses
         )
     }
 
@@ -387,6 +432,23 @@ impl ServeOptions {
         };
         let max_message_bytes = self.max_message_bytes.unwrap_or(512 << 20);
         raft.max_message_bytes = raft.max_message_bytes.max(max_message_bytes);
+        let d = TfDataConfig::default();
+        let tfdata = TfDataConfig {
+            version: self.tfdata_version.unwrap_or(d.version),
+            client_timeout_ms: self.tfdata_client_timeout_ms.unwrap_or(d.client_timeout_ms),
+            gc_timeout_ms: self.tfdata_gc_timeout_ms.unwrap_or(d.gc_timeout_ms),
+            worker_addresses: self
+                .tfdata_worker_addresses
+                .as_deref()
+                .map(|l| {
+                    l.split(',')
+                        .map(str::trim)
+                        .filter(|a| !a.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
         Ok(ServeConfig {
             node_id,
             listen,
@@ -408,6 +470,7 @@ impl ServeOptions {
                 .max_parked_calls
                 .unwrap_or(crate::wake::DEFAULT_MAX_PARKED_CALLS),
             peer_token,
+            tfdata,
         })
     }
 }

@@ -29,6 +29,9 @@ pub enum CtlCommand {
     /// Cluster membership.
     #[command(subcommand)]
     Member(MemberCommand),
+    /// The tf.data dispatcher's state (JSON).
+    #[command(subcommand)]
+    Tfdata(TfDataCommand),
     /// Start a new job epoch: clear tasks, barriers, errors and KV and draw a
     /// new service incarnation (optionally with a new task layout).
     ResetJob {
@@ -68,6 +71,81 @@ fn with_token<T>(msg: T, file: &Option<std::path::PathBuf>) -> anyhow::Result<to
         raft::PeerToken::new(Some(token.trim().to_string())).attach(&mut req);
     }
     Ok(req)
+}
+
+/// What of the tf.data dispatcher to list.
+#[derive(clap::Subcommand, Debug, Clone, Copy)]
+pub enum TfDataCommand {
+    /// Registered datasets (ids, sizes, compression).
+    Datasets,
+    /// Jobs (named and anonymous).
+    Jobs,
+    /// Iterations with their clients and tasks.
+    Iterations,
+    /// Registered workers.
+    Workers,
+    /// Tasks.
+    Tasks,
+}
+
+/// The tf.data dispatcher's state as JSON.
+fn tfdata_json(s: &State, what: TfDataCommand) -> Value {
+    let d = s.dispatcher();
+    match what {
+        TfDataCommand::Datasets => json!(d
+            .datasets()
+            .map(|x| json!({
+                "dataset_id": x.id,
+                "definition_bytes": x.definition.len(),
+                "compression": x.compression,
+                "compression_disabled": x.compression_disabled,
+            }))
+            .collect::<Vec<_>>()),
+        TfDataCommand::Jobs => json!(d
+            .jobs()
+            .map(|j| json!({
+                "job_id": j.id,
+                "name": j.name,
+                "dataset_id": j.dataset_id,
+                "sharding_policy": j.sharding_policy,
+                "num_consumers": j.num_consumers,
+                "target_workers": j.target_workers,
+            }))
+            .collect::<Vec<_>>()),
+        TfDataCommand::Iterations => json!(d
+            .iterations()
+            .map(|it| {
+                let clients: Vec<i64> = d
+                    .clients()
+                    .filter(|(_, i)| *i == it.id)
+                    .map(|(c, _)| c)
+                    .collect();
+                json!({
+                    "iteration_id": it.id,
+                    "job_id": it.job_id,
+                    "repetition": it.repetition,
+                    "tasks": it.tasks,
+                    "clients": clients,
+                    "num_clients": it.num_clients,
+                    "finished": it.finished,
+                    "garbage_collected": it.garbage_collected,
+                })
+            })
+            .collect::<Vec<_>>()),
+        TfDataCommand::Workers => json!(d
+            .workers()
+            .map(|w| json!({"address": w.address, "tags": w.tags, "uid": w.uid}))
+            .collect::<Vec<_>>()),
+        TfDataCommand::Tasks => json!(d
+            .tasks()
+            .map(|t| json!({
+                "task_id": t.id,
+                "iteration_id": t.iteration_id,
+                "worker_address": t.worker_address,
+                "finished": t.finished,
+            }))
+            .collect::<Vec<_>>()),
+    }
 }
 
 /// KV verbs.
@@ -190,6 +268,7 @@ pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
                 .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.value)}))
                 .collect::<Vec<_>>())
         }
+        CtlCommand::Tfdata(what) => tfdata_json(&state(&mut c).await?, what),
         CtlCommand::Tasks => {
             let s = state(&mut c).await?;
             json!((0..s.task_count())

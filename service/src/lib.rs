@@ -1,6 +1,6 @@
 //! coordstore-service: the front door of a node. Dialect adapters
-//! ([`dialect`], [`agent_api`]) translate wire calls into the coordination
-//! area's calls ([`coordination`]), which the [`router`] runs on the leader
+//! ([`dialect`], [`agent_api`]) translate wire calls into an area's calls
+//! ([`coordination`], [`dispatcher`]), which the [`router`] runs on the leader
 //! wherever they arrive: the [`leader`] part stamps and proposes through
 //! Raft, followers forward, leader changes are waited out. The leader
 //! runtime ([`duties`]) runs one duty per area on the leader (liveness,
@@ -12,6 +12,7 @@ pub mod config;
 pub mod coordination;
 pub mod ctl;
 pub mod dialect;
+pub mod dispatcher;
 pub mod duties;
 pub mod leader;
 pub mod node_api;

@@ -37,8 +37,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 pub enum Route {
     /// Here: this node is the leader.
     Local,
-    /// At the leader, through this client.
-    Remote(NodeClient<Channel>),
+    /// At the leader, through this channel to it.
+    Remote(Channel),
 }
 
 /// The router of one node.
@@ -115,17 +115,46 @@ impl Router {
             return Err(Retry("leadership is changing".into()));
         }
         let ch = node.channels().get(id, &addr).map_err(Retry)?;
-        Ok(Route::Remote(
-            NodeClient::new(ch)
-                .max_decoding_message_size(self.max_message_bytes)
-                .max_encoding_message_size(self.max_message_bytes),
-        ))
+        Ok(Route::Remote(ch))
     }
 
-    /// Runs `local` on the leader or `remote` against it, retrying across
-    /// leader changes until the leader wait runs out. With `may_forward`
-    /// false (a forwarded call) a non-leader answers UNAVAILABLE instead.
+    /// A Node API client on `ch`, with this node's message limits.
+    fn node_client(&self, ch: Channel) -> NodeClient<Channel> {
+        NodeClient::new(ch)
+            .max_decoding_message_size(self.max_message_bytes)
+            .max_encoding_message_size(self.max_message_bytes)
+    }
+
+    /// The largest gRPC message this node sends or receives.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    /// Runs `local` on the leader or `remote` against its Node API,
+    /// retrying across leader changes until the leader wait runs out (see
+    /// [`Router::on_leader_via`]).
     pub async fn on_leader<T, L, LF, R, RF>(
+        &self,
+        may_forward: bool,
+        local: L,
+        mut remote: R,
+    ) -> Result<T, Status>
+    where
+        L: FnMut() -> LF,
+        LF: Future<Output = Result<T, Retry>>,
+        R: FnMut(NodeClient<Channel>) -> RF,
+        RF: Future<Output = Result<T, Status>>,
+    {
+        self.on_leader_via(may_forward, local, |ch| remote(self.node_client(ch)))
+            .await
+    }
+
+    /// Runs `local` on the leader or `remote` over a channel to it,
+    /// retrying across leader changes until the leader wait runs out. No
+    /// attempt outlives the wait: a forward to a leader that hangs ends as
+    /// UNAVAILABLE, never as the caller's deadline. With `may_forward` false
+    /// (a forwarded call) a non-leader answers UNAVAILABLE instead.
+    pub async fn on_leader_via<T, L, LF, R, RF>(
         &self,
         may_forward: bool,
         mut local: L,
@@ -134,7 +163,7 @@ impl Router {
     where
         L: FnMut() -> LF,
         LF: Future<Output = Result<T, Retry>>,
-        R: FnMut(NodeClient<Channel>) -> RF,
+        R: FnMut(Channel) -> RF,
         RF: Future<Output = Result<T, Status>>,
     {
         let deadline = Instant::now() + self.leader_wait;
@@ -155,10 +184,11 @@ impl Router {
                         self.node().id()
                     )))
                 }
-                Ok(Route::Remote(client)) => match remote(client).await {
-                    Ok(v) => return Ok(v),
-                    Err(s) if retryable(&s) => format!("forwarding failed: {}", s.message()),
-                    Err(s) => return Err(s),
+                Ok(Route::Remote(ch)) => match tokio::time::timeout(left, remote(ch)).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(s)) if retryable(&s) => format!("forwarding failed: {}", s.message()),
+                    Ok(Err(s)) => return Err(s),
+                    Err(_) => "the leader did not answer in time".to_string(),
                 },
                 Err(Retry(why)) => why,
             };

@@ -12,8 +12,11 @@ use tokio::task::JoinHandle;
 use crate::agent_api::AgentApi;
 use crate::config::ServeConfig;
 use crate::coordination::Coordination;
-use crate::dialect::{tf::TfService, xla::XlaService};
-use crate::duties::{cluster::ClusterDuty, coordination::CoordinationDuty, LeaderRuntime};
+use crate::dialect::{tf::TfService, tfdata::TfDataService, xla::XlaService};
+use crate::dispatcher::Dispatcher;
+use crate::duties::{
+    cluster::ClusterDuty, coordination::CoordinationDuty, dispatcher::DispatcherDuty, LeaderRuntime,
+};
 use crate::leader::LocalLeader;
 use crate::node_api::NodeApi;
 use crate::router::Router;
@@ -71,9 +74,11 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     .await?;
     let leader = LocalLeader::new(node.clone());
     let coordination_duty = Arc::new(CoordinationDuty::new(cfg.tf_addresses.clone()));
+    let dispatcher_duty = Arc::new(DispatcherDuty::new(cfg.tfdata.clone()));
     let duties = Arc::new(LeaderRuntime::new(vec![
         Arc::new(ClusterDuty::new(cfg.coordination.clone())),
         coordination_duty.clone(),
+        dispatcher_duty.clone(),
     ]));
     let waits = Arc::new(Waits::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls));
     let router = Arc::new(Router::new(
@@ -84,6 +89,11 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         cfg.max_message_bytes,
     ));
 
+    let dispatcher = Arc::new(Dispatcher::new(
+        router.clone(),
+        dispatcher_duty,
+        cfg.tfdata.clone(),
+    ));
     let coord = Coordination::new(router.clone(), Duration::from_millis(cfg.leader_wait_ms));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let grpc = tonic::transport::Server::builder()
@@ -93,6 +103,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes))
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(TfService::server(coord.clone(), cfg.max_message_bytes))
+        .add_service(TfDataService::server(dispatcher, cfg.max_message_bytes))
         .add_service(AgentApi::server(coord, cfg.max_message_bytes));
     // Nagle off on accepted connections (tonic's own setting only covers the
     // listeners it binds itself): small replies must not wait for ACKs.

@@ -6,6 +6,7 @@
 //! Adapters hold no state.
 
 pub mod tf;
+pub mod tfdata;
 pub mod xla;
 
 use std::collections::HashMap;

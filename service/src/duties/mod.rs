@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod coordination;
+pub mod dispatcher;
 pub mod push;
 
 use std::future::Future;

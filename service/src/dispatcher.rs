@@ -1,0 +1,479 @@
+//! The tf.data dispatcher area's calls, run on the leader (the adapter,
+//! `dialect::tfdata`, forwards a whole call from a follower). Each call reads
+//! the replicated state or proposes one update, stamped with an origin the
+//! adapter drew once per call so its retries are exactly-once, and builds
+//! TF's answer (TaskDefs carry the dataset definition inline, so workers need
+//! no shared file system). A NOT_FOUND, which ends a TF client's input
+//! pipeline, is only ever answered after a read barrier: a new leader that has
+//! not applied everything yet does not deny what exists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use journal::pb::dispatcher as cmd;
+use journal::pb::Origin;
+use journal::{DomainError, Outcome, State, Update};
+use proto::tfdata::{self as wire, task_def};
+use tonic::Status;
+
+use crate::config::TfDataConfig;
+use crate::duties::dispatcher::DispatcherDuty;
+use crate::leader::Retry;
+use crate::router::Router;
+
+/// What a call on the leader gives: the answer (or the error the client
+/// gets), or [`Retry`] when this node could not serve it as the leader.
+pub type OnLeader<T> = Result<Result<T, Status>, Retry>;
+
+/// Deadline of one ProcessTask push to a worker.
+const PUSH_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The static sharding policies (FILE, DATA, FILE_OR_DATA, HINT).
+fn static_sharding(policy: i32) -> bool {
+    (2..=5).contains(&policy)
+}
+
+/// The wire status of a dispatcher domain error (no payloads in this dialect).
+pub fn status(e: &DomainError) -> Status {
+    Status::new(tonic::Code::from_i32(e.code), e.message.clone())
+}
+
+/// The dispatcher's calls.
+pub struct Dispatcher {
+    router: Arc<Router>,
+    duty: Arc<DispatcherDuty>,
+    config: TfDataConfig,
+}
+
+impl Dispatcher {
+    /// Calls through `router`, with the leader's `duty` and `config`.
+    pub fn new(router: Arc<Router>, duty: Arc<DispatcherDuty>, config: TfDataConfig) -> Self {
+        Dispatcher {
+            router,
+            duty,
+            config,
+        }
+    }
+
+    /// The router.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    /// The version GetVersion answers.
+    pub fn version(&self) -> i64 {
+        self.config.version
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        self.router.node().state().read(f)
+    }
+
+    /// Proposes `update` with `origin` on this node (the leader).
+    async fn propose(
+        &self,
+        origin: Option<Origin>,
+        update: impl Into<Update>,
+    ) -> OnLeader<Outcome> {
+        let mut u = update.into();
+        u.origin = origin;
+        let applied = self.router.leader().propose(&u).await?;
+        Ok(match applied.outcome.error {
+            Some(e) => Err(status(&e)),
+            None => Ok(applied.outcome),
+        })
+    }
+
+    /// Reads `f` from the state; when it finds nothing, confirms on an
+    /// up-to-date state before answering so.
+    async fn read_confirmed<T>(&self, f: impl Fn(&State) -> Option<T>) -> Result<Option<T>, Retry> {
+        if let Some(v) = self.read(&f) {
+            return Ok(Some(v));
+        }
+        self.router.leader().read_barrier().await?;
+        Ok(self.read(f))
+    }
+
+    // ------------------------------------------------------------ workers ----
+
+    /// WorkerHeartbeat: registers the worker when it is new or changed, and
+    /// answers the tasks it should start and those it should drop.
+    pub async fn worker_heartbeat(
+        &self,
+        origin: Option<Origin>,
+        r: wire::WorkerHeartbeatRequest,
+    ) -> OnLeader<wire::WorkerHeartbeatResponse> {
+        if !self.config.worker_addresses.is_empty()
+            && self.worker_index(&r.worker_address).is_none()
+        {
+            return Ok(Err(Status::failed_precondition(format!(
+                "Worker {} is not in the static worker list of this dispatcher ({}): static sharding needs a fixed list of workers",
+                r.worker_address,
+                self.config.worker_addresses.join(",")
+            ))));
+        }
+        let hb = cmd::WorkerHeartbeat {
+            address: r.worker_address.clone(),
+            transfer_servers: r.transfer_servers.clone(),
+            tags: r.worker_tags.clone(),
+            uid: r.worker_uid,
+        };
+        if self.read(|s| s.dispatcher().worker_heartbeat_changes(&hb)) {
+            if let Err(e) = self.propose(origin, hb).await? {
+                return Ok(Err(e));
+            }
+        }
+        let current: std::collections::HashSet<i64> = r.current_tasks.iter().copied().collect();
+        Ok(Ok(self.read(|s| {
+            let d = s.dispatcher();
+            let mine = d.worker_tasks(&r.worker_address);
+            let new_tasks = mine
+                .iter()
+                .filter(|t| !current.contains(&t.id))
+                .filter_map(|t| self.task_def(s, t))
+                .collect();
+            let tasks_to_delete = r
+                .current_tasks
+                .iter()
+                .filter(|id| !mine.iter().any(|t| t.id == **id))
+                .copied()
+                .collect();
+            wire::WorkerHeartbeatResponse {
+                new_tasks,
+                tasks_to_delete,
+            }
+        })))
+    }
+
+    /// WorkerUpdate: completed tasks finish; unknown ids are ignored.
+    pub async fn worker_update(
+        &self,
+        origin: Option<Origin>,
+        r: wire::WorkerUpdateRequest,
+    ) -> OnLeader<wire::WorkerUpdateResponse> {
+        let task_ids: Vec<i64> = r
+            .updates
+            .iter()
+            .filter(|u| u.completed)
+            .map(|u| u.task_id)
+            .collect();
+        if !task_ids.is_empty() {
+            if let Err(e) = self.propose(origin, cmd::FinishTasks { task_ids }).await? {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(wire::WorkerUpdateResponse {}))
+    }
+
+    /// GetWorkers.
+    pub fn get_workers(&self) -> wire::GetWorkersResponse {
+        self.read(|s| wire::GetWorkersResponse {
+            workers: s
+                .dispatcher()
+                .workers()
+                .map(|w| wire::WorkerInfo {
+                    address: w.address.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    /// The index of a worker in the static worker list (`%port%` matches
+    /// any port).
+    fn worker_index(&self, address: &str) -> Option<usize> {
+        self.config.worker_addresses.iter().position(|w| {
+            w == address
+                || w.strip_suffix("%port%").is_some_and(|host| {
+                    address.strip_prefix(host).is_some_and(|port| {
+                        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+                    })
+                })
+        })
+    }
+
+    /// The TaskDef of `task`, with its dataset inline.
+    fn task_def(&self, s: &State, task: &journal::dispatcher::Task) -> Option<wire::TaskDef> {
+        let d = s.dispatcher();
+        let it = d.iteration(task.iteration_id)?;
+        let job = d.job(it.job_id)?;
+        let dataset = d.dataset(&job.dataset_id)?;
+        let (num_workers, worker_index) = if static_sharding(job.sharding_policy) {
+            let index = self
+                .worker_index(&task.worker_address)
+                .map_or(-1, |i| i as i64);
+            (self.config.worker_addresses.len() as i64, index)
+        } else {
+            (0, 0)
+        };
+        Some(wire::TaskDef {
+            dataset: Some(task_def::Dataset::DatasetDef(dataset.definition.clone())),
+            dataset_id: dataset.id.clone(),
+            task_id: task.id,
+            iteration_id: it.id,
+            optional_num_consumers: job
+                .num_consumers
+                .map(task_def::OptionalNumConsumers::NumConsumers),
+            worker_address: task.worker_address.clone(),
+            num_split_providers: 0,
+            processing_mode_def: Some(wire::ProcessingModeDef {
+                sharding_policy: job.sharding_policy,
+            }),
+            num_workers,
+            worker_index,
+            use_cross_trainer_cache: job.use_cross_trainer_cache,
+        })
+    }
+
+    /// GetDatasetDef (a worker's fallback when a TaskDef has no dataset).
+    pub async fn get_dataset_def(
+        &self,
+        r: wire::GetDatasetDefRequest,
+    ) -> OnLeader<wire::GetDatasetDefResponse> {
+        let def = self
+            .read_confirmed(|s| {
+                s.dispatcher()
+                    .dataset(&r.dataset_id)
+                    .map(|d| d.definition.clone())
+            })
+            .await?;
+        Ok(match def {
+            Some(dataset_def) => Ok(wire::GetDatasetDefResponse { dataset_def }),
+            None => Err(Status::not_found(format!(
+                "Dataset id {} not found",
+                r.dataset_id
+            ))),
+        })
+    }
+
+    // ----------------------------------------------------------- datasets ----
+
+    /// GetOrRegisterDataset.
+    pub async fn get_or_register_dataset(
+        &self,
+        origin: Option<Origin>,
+        r: wire::GetOrRegisterDatasetRequest,
+    ) -> OnLeader<wire::GetOrRegisterDatasetResponse> {
+        let compression =
+            <wire::DataServiceMetadataView as prost::Message>::decode(r.metadata.as_ref())
+                .map(|m| m.compression)
+                .unwrap_or_default();
+        let requested_id = r.optional_dataset_id.map(|o| match o {
+            wire::get_or_register_dataset_request::OptionalDatasetId::DatasetId(id) => id,
+        });
+        let c = cmd::RegisterDataset {
+            definition: r.dataset,
+            metadata: r.metadata,
+            compression,
+            requested_id,
+        };
+        Ok(self
+            .propose(origin, c)
+            .await?
+            .map(|out| wire::GetOrRegisterDatasetResponse {
+                dataset_id: out.dataset_id().unwrap_or_default().to_string(),
+            }))
+    }
+
+    /// GetDataServiceMetadata.
+    pub async fn get_data_service_metadata(
+        &self,
+        r: wire::GetDataServiceMetadataRequest,
+    ) -> OnLeader<wire::GetDataServiceMetadataResponse> {
+        let meta = self
+            .read_confirmed(|s| {
+                s.dispatcher()
+                    .dataset(&r.dataset_id)
+                    .map(|d| d.metadata.clone())
+            })
+            .await?;
+        Ok(match meta {
+            Some(metadata) => Ok(wire::GetDataServiceMetadataResponse { metadata }),
+            None => Err(Status::not_found(format!(
+                "Dataset id {} not found",
+                r.dataset_id
+            ))),
+        })
+    }
+
+    /// DisableCompressionAtRuntime: the first decision wins.
+    pub async fn disable_compression(
+        &self,
+        origin: Option<Origin>,
+        r: wire::DisableCompressionAtRuntimeRequest,
+    ) -> OnLeader<wire::DisableCompressionAtRuntimeResponse> {
+        use wire::disable_compression_at_runtime_response::Decision;
+        let c = cmd::DisableCompression {
+            dataset_id: r.dataset_id,
+            disable: r.disable_compression_at_runtime,
+        };
+        Ok(self.propose(origin, c).await?.map(|out| {
+            let decision = match out.compression_decision().flatten() {
+                Some(disabled) => Decision::CompressionDisabledAtRuntime(disabled),
+                None => Decision::NoCompressionToDisable(true),
+            };
+            wire::DisableCompressionAtRuntimeResponse {
+                decision: Some(decision),
+            }
+        }))
+    }
+
+    // -------------------------------------------------- jobs and iterations ----
+
+    /// GetOrCreateJob (an anonymous job's name gets a suffix the leader draws).
+    pub async fn get_or_create_job(
+        &self,
+        origin: Option<Origin>,
+        r: wire::GetOrCreateJobRequest,
+    ) -> OnLeader<wire::GetOrCreateJobResponse> {
+        let c = cmd::GetOrCreateJob {
+            dataset_id: r.dataset_id,
+            sharding_policy: r.processing_mode_def.map_or(0, |m| m.sharding_policy),
+            job_name: r.optional_job_name.map(|o| match o {
+                wire::get_or_create_job_request::OptionalJobName::JobName(n) => n,
+            }),
+            num_consumers: r.optional_num_consumers.map(|o| match o {
+                wire::get_or_create_job_request::OptionalNumConsumers::NumConsumers(n) => n,
+            }),
+            use_cross_trainer_cache: r.use_cross_trainer_cache,
+            target_workers: r.target_workers,
+            anonymous_suffix: rand::random(),
+        };
+        Ok(self
+            .propose(origin, c)
+            .await?
+            .map(|out| wire::GetOrCreateJobResponse {
+                job_id: out.job_id().unwrap_or_default(),
+            }))
+    }
+
+    /// GetOrCreateIteration: a new iteration's tasks are pushed to their
+    /// workers at once (ProcessTask), as upstream does; workers also find
+    /// them on their next heartbeat.
+    pub async fn get_or_create_iteration(
+        &self,
+        origin: Option<Origin>,
+        r: wire::GetOrCreateIterationRequest,
+    ) -> OnLeader<wire::GetOrCreateIterationResponse> {
+        let c = cmd::GetOrCreateIteration {
+            job_id: r.job_id,
+            repetition: r.repetition,
+        };
+        let out = match self.propose(origin, c).await? {
+            Ok(out) => out,
+            Err(e) => return Ok(Err(e)),
+        };
+        let Some(acquired) = out.iteration_client() else {
+            return Ok(Err(Status::internal(
+                "the journal answered GetOrCreateIteration without its client",
+            )));
+        };
+        self.duty.acquired(acquired.client_id);
+        if acquired.created {
+            let defs: Vec<wire::TaskDef> = self.read(|s| {
+                let d = s.dispatcher();
+                d.iteration(acquired.iteration_id)
+                    .map(|it| {
+                        d.iteration_tasks(it)
+                            .into_iter()
+                            .filter_map(|t| self.task_def(s, t))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+            for def in defs {
+                tokio::spawn(push_task(def));
+            }
+        }
+        Ok(Ok(wire::GetOrCreateIterationResponse {
+            iteration_client_id: acquired.client_id,
+        }))
+    }
+
+    /// ReleaseIterationClient.
+    pub async fn release_iteration_client(
+        &self,
+        origin: Option<Origin>,
+        r: wire::ReleaseIterationClientRequest,
+    ) -> OnLeader<wire::ReleaseIterationClientResponse> {
+        let c = cmd::ReleaseIterationClient {
+            iteration_client_id: r.iteration_client_id,
+        };
+        Ok(self
+            .propose(origin, c)
+            .await?
+            .map(|_| wire::ReleaseIterationClientResponse {}))
+    }
+
+    /// ClientHeartbeat: the iteration's tasks and whether it finished.
+    pub async fn client_heartbeat(
+        &self,
+        r: wire::ClientHeartbeatRequest,
+    ) -> OnLeader<wire::ClientHeartbeatResponse> {
+        let client = r.iteration_client_id;
+        let answer = self
+            .read_confirmed(|s| {
+                let d = s.dispatcher();
+                let it = d.client_iteration(client)?;
+                if it.garbage_collected {
+                    return Some(Err(
+                        journal::dispatcher::errors::iteration_garbage_collected(it.id),
+                    ));
+                }
+                let task_info = d
+                    .iteration_tasks(it)
+                    .into_iter()
+                    .filter_map(|t| {
+                        let w = d.worker(&t.worker_address)?;
+                        Some(wire::TaskInfo {
+                            worker_address: t.worker_address.clone(),
+                            task_id: t.id,
+                            iteration_id: it.id,
+                            starting_round: t.starting_round,
+                            worker_tags: w.tags.clone(),
+                            worker_uid: w.uid,
+                            transfer_servers: w.transfer_servers.clone(),
+                        })
+                    })
+                    .collect();
+                Some(Ok(wire::ClientHeartbeatResponse {
+                    task_info,
+                    iteration_finished: it.finished,
+                    optional_block_round: None,
+                    deployment_mode: 0,
+                }))
+            })
+            .await?;
+        Ok(match answer {
+            Some(Ok(resp)) => {
+                self.duty.heard(client);
+                Ok(resp)
+            }
+            Some(Err(e)) => Err(status(&e)),
+            None => Err(status(&journal::dispatcher::errors::unknown_client(client))),
+        })
+    }
+}
+
+/// Pushes a new task to its worker (`WorkerService.ProcessTask`); a failure
+/// only costs latency: the worker finds the task on its next heartbeat.
+async fn push_task(def: wire::TaskDef) {
+    let address = def.worker_address.clone();
+    let push = async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(PUSH_DEADLINE)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        wire::worker_service_client::WorkerServiceClient::new(ch)
+            .max_encoding_message_size(usize::MAX)
+            .process_task(wire::ProcessTaskRequest { task: Some(def) })
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(PUSH_DEADLINE, push).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::debug!(worker = %address, "ProcessTask push failed: {e}"),
+        Err(_) => tracing::debug!(worker = %address, "ProcessTask push timed out"),
+    }
+}

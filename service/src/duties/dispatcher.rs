@@ -1,0 +1,153 @@
+//! The dispatcher duty: what TF's dispatcher keeps only in memory and
+//! decides from the wall clock — when each iteration client last
+//! heartbeated, releasing clients that stopped, and collecting iterations
+//! nobody reads any more. On takeover every active client counts as seen
+//! now, as an upstream dispatcher restart does (nothing is released or
+//! collected early because leadership moved). The decisions are proposed;
+//! the state checks them again.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use journal::pb::dispatcher::{GarbageCollectIteration, ReleaseIterationClient};
+use journal::Update;
+
+use super::{Duty, DutyFuture};
+use crate::config::TfDataConfig;
+use crate::leader::{now_ms, LocalLeader};
+
+/// How often the timeouts are checked (upstream: every 10 minutes).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The leader's memory of tf.data clients.
+pub struct DispatcherDuty {
+    config: TfDataConfig,
+    /// Client id -> its last heartbeat (`None`: acquired, not heard from
+    /// yet; never timed out, as upstream).
+    clients: Mutex<HashMap<i64, Option<Instant>>>,
+    last_check: Mutex<Option<Instant>>,
+}
+
+impl DispatcherDuty {
+    /// The duty with `config`'s timeouts.
+    pub fn new(config: TfDataConfig) -> Self {
+        DispatcherDuty {
+            config,
+            clients: Mutex::default(),
+            last_check: Mutex::default(),
+        }
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Option<Instant>>> {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A client was acquired: it is not timed out before its first heartbeat.
+    pub fn acquired(&self, client: i64) {
+        self.clients().insert(client, None);
+    }
+
+    /// A client heartbeat reached the leader.
+    pub fn heard(&self, client: i64) {
+        self.clients().insert(client, Some(Instant::now()));
+    }
+
+    async fn check(&self, leader: &LocalLeader) {
+        let now = Instant::now();
+        {
+            let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| now.duration_since(t) < CHECK_EVERY) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let timeout = Duration::from_millis(self.config.client_timeout_ms);
+        let (active, idle) = leader.node().state().read(|s| {
+            let d = s.dispatcher();
+            let active: Vec<i64> = d
+                .clients()
+                .filter(|(_, it)| d.iteration(*it).is_some_and(|it| !it.finished))
+                .map(|(c, _)| c)
+                .collect();
+            let idle: Vec<(i64, u64)> = d
+                .iterations()
+                .filter(|it| {
+                    !it.finished
+                        && !it.garbage_collected
+                        && it.num_clients == 0
+                        && it.last_released_ms != 0
+                })
+                .map(|it| (it.id, it.last_released_ms))
+                .collect();
+            (active, idle)
+        });
+        let stale: Vec<i64> = {
+            let mut clients = self.clients();
+            clients.retain(|c, _| active.contains(c));
+            active
+                .iter()
+                .filter(|c| {
+                    // A client this leader never heard of counts as seen now.
+                    let seen = clients.entry(**c).or_insert(Some(now));
+                    seen.is_some_and(|t| now.duration_since(t) > timeout)
+                })
+                .copied()
+                .collect()
+        };
+        for client in stale {
+            tracing::info!(
+                client,
+                "releasing a tf.data client that stopped heartbeating"
+            );
+            let update = Update::from(ReleaseIterationClient {
+                iteration_client_id: client,
+            });
+            super::propose(self.name(), leader, &update).await;
+        }
+        if self.config.gc_timeout_ms == 0 {
+            return;
+        }
+        let now_ms = now_ms();
+        for (iteration, released) in idle {
+            if now_ms < released.saturating_add(self.config.gc_timeout_ms) {
+                continue;
+            }
+            tracing::info!(iteration, "garbage collecting an idle tf.data iteration");
+            let update = Update::from(GarbageCollectIteration {
+                iteration_id: iteration,
+                released_at_ms: released,
+            });
+            super::propose(self.name(), leader, &update).await;
+        }
+    }
+}
+
+impl Duty for DispatcherDuty {
+    fn name(&self) -> &'static str {
+        "dispatcher"
+    }
+
+    fn on_takeover<'a>(&'a self, leader: &'a LocalLeader) -> DutyFuture<'a> {
+        Box::pin(async move {
+            let active: Vec<i64> = leader
+                .node()
+                .state()
+                .read(|s| s.dispatcher().clients().map(|(c, _)| c).collect());
+            let now = Instant::now();
+            let mut clients = self.clients();
+            clients.clear();
+            for c in active {
+                clients.insert(c, Some(now));
+            }
+        })
+    }
+
+    fn tick<'a>(&'a self, leader: &'a LocalLeader) -> DutyFuture<'a> {
+        Box::pin(self.check(leader))
+    }
+
+    fn on_step_down(&self) {
+        self.clients().clear();
+    }
+}

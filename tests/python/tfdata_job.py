@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Stock TensorFlow 2.21 tf.data service workers and clients against a
+dispatcher (coordstore, or TF's own for comparison).
+
+  worker  --dispatcher HOST:PORT [--port P]
+          a WorkerServer; prints READY once registered, runs until stdin closes.
+  client  --dispatcher HOST:PORT --scenario NAME[,NAME...] --workers W [--n N]
+          reads with distribute() / register_dataset / from_dataset_id and
+          checks the multiset of elements it got.
+
+Scenarios (range(N) read through the service with W workers, sharding OFF):
+  off        one epoch: every element W times.
+  epochs     the same distributed dataset read twice: each epoch every
+             element W times (repetitions 1 and 2).
+  named      two clients of one named job, reading at once: together every
+             element W times.
+  register   register_dataset + from_dataset_id: every element W times.
+
+Output: JSON lines {"check": NAME, "ok": BOOL, "detail": ...} and a final
+{"check": "summary", ...}; exit 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import threading
+import time
+
+checks: list[bool] = []
+
+
+def check(name: str, ok: bool, detail=None) -> None:
+    checks.append(ok)
+    print(json.dumps({"check": name, "ok": ok, "detail": detail}), flush=True)
+
+
+def expect(name: str, got: list[int], n: int, times: int) -> None:
+    want = collections.Counter({i: times for i in range(n)})
+    have = collections.Counter(got)
+    detail = None if have == want else {
+        "missing": sorted((want - have).elements())[:20],
+        "extra": sorted((have - want).elements())[:20],
+        "count": len(got),
+    }
+    check(name, have == want, detail)
+
+
+def worker(args) -> None:
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=args.dispatcher,
+        port=args.port,
+        heartbeat_interval_ms=args.heartbeat_ms,
+    )
+    server = tf.data.experimental.service.WorkerServer(config)
+    print("READY", flush=True)
+    sys.stdin.read()
+    server.stop() if hasattr(server, "stop") else None
+
+
+def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> None:
+    import tensorflow as tf
+
+    if scenario == "off":
+        ds = tf.data.Dataset.range(n).apply(
+            dsvc.distribute(processing_mode="parallel_epochs", service=service)
+        )
+        expect("off", read(ds), n, w)
+    elif scenario == "epochs":
+        ds = tf.data.Dataset.range(n).apply(
+            dsvc.distribute(processing_mode="parallel_epochs", service=service)
+        )
+        expect("epoch 1", read(ds), n, w)
+        expect("epoch 2", read(ds), n, w)
+    elif scenario == "named":
+        got: list[list[int]] = [[], []]
+
+        def one(i: int) -> None:
+            ds = tf.data.Dataset.range(n).apply(
+                dsvc.distribute(
+                    processing_mode="parallel_epochs", service=service, job_name="shared"
+                )
+            )
+            got[i] = read(ds)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        expect("named job shared by two clients", got[0] + got[1], n, w)
+    elif scenario == "register":
+        dataset_id = dsvc.register_dataset(service, tf.data.Dataset.range(n))
+        ds = dsvc.from_dataset_id(
+            processing_mode="parallel_epochs",
+            service=service,
+            dataset_id=dataset_id,
+            element_spec=tf.TensorSpec(shape=(), dtype=tf.int64),
+        )
+        expect("register + from_dataset_id", read(ds), n, w)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+
+
+def client(args) -> None:
+    import tensorflow as tf
+
+    service = f"grpc://{args.dispatcher}"
+    n, w = args.n, args.workers
+    dsvc = tf.data.experimental.service
+
+    def read(ds) -> list[int]:
+        return [int(x) for x in ds]
+
+    started = time.monotonic()
+    for scenario in args.scenario.split(","):
+        run_scenario(scenario, service, n, w, dsvc, read)
+    ok = all(checks)
+    print(
+        json.dumps(
+            {
+                "check": "summary",
+                "ok": ok,
+                "detail": {"seconds": round(time.monotonic() - started, 2)},
+            }
+        ),
+        flush=True,
+    )
+    sys.exit(0 if ok else 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("role", choices=["worker", "client"])
+    ap.add_argument("--dispatcher", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--heartbeat-ms", type=int, default=30_000)
+    ap.add_argument("--scenario", default="off")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--deadline", type=float, default=240)
+    args = ap.parse_args()
+    # A watchdog: a hang is a failure with a clear exit code, not a stuck test.
+    def watchdog() -> None:
+        import faulthandler
+        import os
+
+        print(json.dumps({"check": "watchdog", "ok": False}), flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(124)
+
+    timer = threading.Timer(args.deadline, watchdog)
+    timer.daemon = True
+    if args.role == "client":
+        timer.start()
+        client(args)
+    else:
+        worker(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+//! Stock TensorFlow 2.21 tf.data service workers (`WorkerServer`, separate
+//! processes) and clients (`distribute()`, `register_dataset` /
+//! `from_dataset_id`) with coordstore as their dispatcher, on one node and
+//! on a follower of three: exact multisets of elements for sharding OFF with
+//! two workers, repeated epochs, a named job shared by two clients, and a
+//! registered dataset read by id; afterwards every iteration is finished and
+//! every iteration client released in the replicated state. Needs the venv
+//! made by `scripts/setup-tf.sh` (scripts/test.sh runs it).
+
+use std::time::Duration;
+
+use coordstore_tests::jax::{tf_python, PyProc};
+use coordstore_tests::{wait_state, Cluster};
+
+const WAIT: Duration = Duration::from_secs(90);
+const RUN: Duration = Duration::from_secs(240);
+
+fn spawn(cluster: &Cluster, args: &[&str]) -> PyProc {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    PyProc::spawn_with(
+        &tf_python(),
+        "tfdata_job.py",
+        &args,
+        cluster.dir.path(),
+        &[],
+    )
+}
+
+/// Two workers and one client running `scenarios` against `dispatcher`;
+/// every check of the client must pass.
+fn run(cluster: &Cluster, dispatcher: &str, scenarios: &str) {
+    let mut workers: Vec<PyProc> = (0..2)
+        .map(|_| spawn(cluster, &["worker", "--dispatcher", dispatcher]))
+        .collect();
+    for w in &mut workers {
+        w.wait_line("READY", WAIT);
+    }
+    let mut client = spawn(
+        cluster,
+        &[
+            "client",
+            "--dispatcher",
+            dispatcher,
+            "--scenario",
+            scenarios,
+            "--workers",
+            "2",
+            "--n",
+            "20",
+            "--deadline",
+            "200",
+        ],
+    );
+    let status = client.wait_exit(RUN);
+    let summary_ok = client
+        .lines()
+        .iter()
+        .any(|l| l.contains("\"check\": \"summary\", \"ok\": true"));
+    assert!(
+        status.success() && client.failed_checks().is_empty() && summary_ok,
+        "the tf.data client failed ({status})\n{}\n{}\n{}\n{}",
+        client.report(),
+        workers[0].report(),
+        workers[1].report(),
+        cluster.logs()
+    );
+}
+
+/// Every iteration finished and no client left holding one.
+async fn all_released(addr: &str) {
+    wait_state(addr, WAIT, |s| {
+        let d = s.dispatcher();
+        d.iterations().count() > 0
+            && d.iterations().all(|it| it.finished && it.num_clients == 0)
+            && d.clients().count() == 0
+    })
+    .await;
+}
+
+#[test]
+fn stock_tfdata_workers_and_clients_on_one_node() {
+    let cluster = Cluster::start(1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    run(&cluster, &addr, "off,epochs,named,register");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(all_released(&addr));
+}
+
+#[test]
+fn stock_tfdata_workers_and_clients_on_a_follower_of_three() {
+    let cluster = Cluster::start(3, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
+    run(&cluster, &follower, "off,register");
+    rt.block_on(all_released(&cluster.nodes[leader].addr));
+}
