@@ -15,6 +15,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
   named      two clients of one named job, reading at once: together every
              element W times.
   register   register_dataset + from_dataset_id: every element W times.
+  slow       one epoch read at 20 elements/s, printing READING after the
+             first element: every element W times.
 
 Output: JSON lines {"check": NAME, "ok": BOOL, "detail": ...} and a final
 {"check": "summary", ...}; exit 0 when every check passed.
@@ -102,6 +104,19 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
             element_spec=tf.TensorSpec(shape=(), dtype=tf.int64),
         )
         expect("register + from_dataset_id", read(ds), n, w)
+    elif scenario == "slow":
+        # Read slowly, announcing the first element (the test kills the
+        # leader then); the epoch must still deliver every element.
+        ds = tf.data.Dataset.range(n).apply(
+            dsvc.distribute(processing_mode="parallel_epochs", service=service)
+        )
+        got = []
+        for x in ds:
+            got.append(int(x))
+            if len(got) == 1:
+                print("READING", flush=True)
+            time.sleep(0.05)
+        expect("slow epoch across a leader kill", got, n, w)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 

@@ -29,6 +29,16 @@ fn spawn(cluster: &Cluster, args: &[&str]) -> PyProc {
 /// Two workers and one client running `scenarios` against `dispatcher`;
 /// every check of the client must pass.
 fn run(cluster: &Cluster, dispatcher: &str, scenarios: &str) {
+    run_with(cluster, dispatcher, scenarios, |_| {});
+}
+
+/// [`run`], calling `meanwhile` with the client once it runs.
+fn run_with(
+    cluster: &Cluster,
+    dispatcher: &str,
+    scenarios: &str,
+    meanwhile: impl FnOnce(&mut PyProc),
+) {
     let mut workers: Vec<PyProc> = (0..2)
         .map(|_| spawn(cluster, &["worker", "--dispatcher", dispatcher]))
         .collect();
@@ -46,11 +56,12 @@ fn run(cluster: &Cluster, dispatcher: &str, scenarios: &str) {
             "--workers",
             "2",
             "--n",
-            "20",
+            "40",
             "--deadline",
             "200",
         ],
     );
+    meanwhile(&mut client);
     let status = client.wait_exit(RUN);
     let summary_ok = client
         .lines()
@@ -94,4 +105,25 @@ fn stock_tfdata_workers_and_clients_on_a_follower_of_three() {
     let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
     run(&cluster, &follower, "off,register");
     rt.block_on(all_released(&cluster.nodes[leader].addr));
+}
+
+#[test]
+fn a_tfdata_epoch_rides_through_a_leader_kill() {
+    let mut cluster = Cluster::start(3, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let follower_index = (leader + 1) % 3;
+    let follower = cluster.nodes[follower_index].addr.clone();
+    let leader_pid = cluster.nodes[leader].pid().expect("the leader runs") as i32;
+    // The epoch in flight when the leader dies finishes with every element;
+    // a new job starts after it on the new leader.
+    run_with(&cluster, &follower, "slow,off", |client| {
+        client.wait_line("READING", WAIT);
+        // SAFETY: kill(2) on the node process this test started.
+        assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);
+    });
+    cluster.kill(leader);
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let new_leader = rt.block_on(cluster.wait_leader(&others, WAIT));
+    rt.block_on(all_released(&cluster.nodes[new_leader].addr));
 }
