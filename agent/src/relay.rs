@@ -4,13 +4,14 @@
 //! its fate) and re-issues every in-flight call to a live node when its node
 //! dies. Each call carries an exactly-once origin (`x-coordstore-origin`), so
 //! a re-issued call that had already been applied returns its first outcome.
-//! Both coordination dialects are relayed on the one port: what jaxlib dials
-//! (`xla.coordination`) and what TensorFlow tasks dial (`tensorflow`).
+//! Every dialect is relayed on the one port: what jaxlib dials
+//! (`xla.coordination`), what TensorFlow tasks dial (`tensorflow`), and what
+//! tf.data service workers and clients dial (`tensorflow.data`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use proto::{tf, xla};
+use proto::{tf, tfdata, xla};
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
@@ -52,8 +53,15 @@ pub struct TfRelay {
 
 macro_rules! forward {
     ($relay:ident, $dialect:ident, $($method:ident($req:ident) -> $resp:ident;)*) => {
+        forward! { $relay, $dialect,
+            $dialect::coordination_service_server::CoordinationService,
+            $dialect::coordination_service_client::CoordinationServiceClient<tonic::transport::Channel>,
+            $($method($req) -> $resp;)*
+        }
+    };
+    ($relay:ident, $dialect:ident, $server:path, $client:ty, $($method:ident($req:ident) -> $resp:ident;)*) => {
         #[tonic::async_trait]
-        impl $dialect::coordination_service_server::CoordinationService for $relay {
+        impl $server for $relay {
             $(
                 async fn $method(
                     &self,
@@ -62,7 +70,7 @@ macro_rules! forward {
                     let max = self.max_message_bytes;
                     self.nodes
                         .call(req.into_inner(), |ch, r| async move {
-                            $dialect::coordination_service_client::CoordinationServiceClient::new(ch)
+                            <$client>::new(ch)
                                 .max_decoding_message_size(max)
                                 .max_encoding_message_size(max)
                                 .$method(r)
@@ -113,6 +121,36 @@ forward! { TfRelay, tf,
     poll_for_error(PollForErrorRequest) -> PollForErrorResponse;
 }
 
+/// The tf.data dispatcher dialect served by the relay. GetVersion and
+/// GetDataServiceConfig are relayed too: any node answers them.
+pub struct TfDataRelay {
+    nodes: Endpoints,
+    max_message_bytes: usize,
+}
+
+forward! { TfDataRelay, tfdata,
+    tfdata::dispatcher_service_server::DispatcherService,
+    tfdata::dispatcher_service_client::DispatcherServiceClient<tonic::transport::Channel>,
+    worker_heartbeat(WorkerHeartbeatRequest) -> WorkerHeartbeatResponse;
+    worker_update(WorkerUpdateRequest) -> WorkerUpdateResponse;
+    get_dataset_def(GetDatasetDefRequest) -> GetDatasetDefResponse;
+    get_split(GetSplitRequest) -> GetSplitResponse;
+    get_version(GetVersionRequest) -> GetVersionResponse;
+    get_or_register_dataset(GetOrRegisterDatasetRequest) -> GetOrRegisterDatasetResponse;
+    get_or_create_job(GetOrCreateJobRequest) -> GetOrCreateJobResponse;
+    get_or_create_iteration(GetOrCreateIterationRequest) -> GetOrCreateIterationResponse;
+    maybe_remove_task(MaybeRemoveTaskRequest) -> MaybeRemoveTaskResponse;
+    release_iteration_client(ReleaseIterationClientRequest) -> ReleaseIterationClientResponse;
+    client_heartbeat(ClientHeartbeatRequest) -> ClientHeartbeatResponse;
+    get_workers(GetWorkersRequest) -> GetWorkersResponse;
+    get_data_service_metadata(GetDataServiceMetadataRequest) -> GetDataServiceMetadataResponse;
+    get_data_service_config(GetDataServiceConfigRequest) -> GetDataServiceConfigResponse;
+    snapshot(SnapshotRequest) -> SnapshotResponse;
+    get_snapshot_split(GetSnapshotSplitRequest) -> GetSnapshotSplitResponse;
+    get_snapshot_streams(GetSnapshotStreamsRequest) -> GetSnapshotStreamsResponse;
+    disable_compression_at_runtime(DisableCompressionAtRuntimeRequest) -> DisableCompressionAtRuntimeResponse;
+}
+
 /// Serves the relay on `listen` until `shutdown` resolves.
 pub async fn serve(
     listen: SocketAddr,
@@ -131,6 +169,12 @@ pub async fn serve(
     .accept_compressed(CompressionEncoding::Gzip)
     .max_decoding_message_size(cfg.max_message_bytes)
     .max_encoding_message_size(cfg.max_message_bytes);
+    let tfdata_svc = tfdata::dispatcher_service_server::DispatcherServiceServer::new(TfDataRelay {
+        nodes: nodes.clone(),
+        max_message_bytes: cfg.max_message_bytes,
+    })
+    .max_decoding_message_size(cfg.max_message_bytes)
+    .max_encoding_message_size(cfg.max_message_bytes);
     let tf_svc = tf::coordination_service_server::CoordinationServiceServer::new(TfRelay {
         nodes,
         max_message_bytes: cfg.max_message_bytes,
@@ -143,6 +187,7 @@ pub async fn serve(
         .tcp_nodelay(true)
         .add_service(svc)
         .add_service(tf_svc)
+        .add_service(tfdata_svc)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| format!("relay server failed: {e}"))

@@ -3,14 +3,17 @@
 //! `from_dataset_id`) with coordstore as their dispatcher, on one node and
 //! on a follower of three: exact multisets of elements for sharding OFF with
 //! two workers, repeated epochs, a named job shared by two clients, and a
-//! registered dataset read by id; afterwards every iteration is finished and
-//! every iteration client released in the replicated state. Needs the venv
-//! made by `scripts/setup-tf.sh` (scripts/test.sh runs it).
+//! registered dataset read by id; an epoch in flight while the leader is
+//! SIGKILLed (clients and workers on a follower, or on a relay whose node is
+//! the one killed) finishes with every element, and a new job runs after it.
+//! Afterwards every iteration is finished and every iteration client
+//! released in the replicated state. Needs the venv made by
+//! `scripts/setup-tf.sh` (scripts/test.sh runs it).
 
 use std::time::Duration;
 
 use coordstore_tests::jax::{tf_python, PyProc};
-use coordstore_tests::{wait_state, Cluster};
+use coordstore_tests::{free_port, wait_state, Cluster, NodeProc};
 
 const WAIT: Duration = Duration::from_secs(90);
 const RUN: Duration = Duration::from_secs(240);
@@ -118,6 +121,32 @@ fn a_tfdata_epoch_rides_through_a_leader_kill() {
     // The epoch in flight when the leader dies finishes with every element;
     // a new job starts after it on the new leader.
     run_with(&cluster, &follower, "slow,off", |client| {
+        client.wait_line("READING", WAIT);
+        // SAFETY: kill(2) on the node process this test started.
+        assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);
+    });
+    cluster.kill(leader);
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let new_leader = rt.block_on(cluster.wait_leader(&others, WAIT));
+    rt.block_on(all_released(&cluster.nodes[new_leader].addr));
+}
+
+#[test]
+fn a_tfdata_epoch_through_a_relay_rides_through_the_death_of_its_node() {
+    let mut cluster = Cluster::start(3, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    // The relay tries the leader first: the node it talks to dies.
+    let mut order: Vec<usize> = vec![leader];
+    order.extend((0..3).filter(|&i| i != leader));
+    let endpoints: Vec<String> = order
+        .iter()
+        .map(|&i| cluster.nodes[i].addr.clone())
+        .collect();
+    let relay_addr = format!("127.0.0.1:{}", free_port());
+    let _relay = NodeProc::relay(&relay_addr, &endpoints, cluster.dir.path());
+    let leader_pid = cluster.nodes[leader].pid().expect("the leader runs") as i32;
+    run_with(&cluster, &relay_addr, "slow,register", |client| {
         client.wait_line("READING", WAIT);
         // SAFETY: kill(2) on the node process this test started.
         assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);

@@ -53,15 +53,30 @@ impl TfDataService {
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let may_forward = !was_forwarded(&req);
+        // The call's origin: the caller's (a relay's) when it sends one,
+        // else one drawn here once; a forward carries it to the leader, so
+        // the call is exactly-once across every retry.
+        let sent = crate::coordination::request_origin(&req)?;
         let r = req.into_inner();
         let router = self.d.router().clone();
-        let mut probe = Update::default();
+        let mut probe = Update {
+            origin: sent,
+            ..Default::default()
+        };
         let _lane = if exactly_once {
             router.stamp_origin(&mut probe)
         } else {
             None
         };
-        let origin = probe.origin;
+        let origin = probe.origin.filter(|_| exactly_once);
+        let header = origin.map(|o| {
+            proto::origin::WireOrigin {
+                client_id: o.client_id,
+                seq: o.seq,
+                done_below: o.done_below,
+            }
+            .header_value()
+        });
         let max = router.max_message_bytes();
         let answer = router
             .on_leader_via(
@@ -71,7 +86,11 @@ impl TfDataService {
                     let client = DispatcherServiceClient::new(ch)
                         .max_decoding_message_size(max)
                         .max_encoding_message_size(max);
-                    let call = remote(client, forwarded(r.clone()));
+                    let mut req = forwarded(r.clone());
+                    if let Some(h) = header.as_deref().and_then(|h| h.parse().ok()) {
+                        req.metadata_mut().insert(proto::ORIGIN_HEADER, h);
+                    }
+                    let call = remote(client, req);
                     async move { call.await.map(|resp| Ok(resp.into_inner())) }
                 },
             )
