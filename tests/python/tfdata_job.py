@@ -15,6 +15,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
   named      two clients of one named job, reading at once: together every
              element W times.
   register   register_dataset + from_dataset_id: every element W times.
+  data       static DATA sharding over the dispatcher's worker list: every
+             element once.
   slow       one epoch read at 20 elements/s, printing READING after the
              first element: every element W times.
 
@@ -104,6 +106,13 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
             element_spec=tf.TensorSpec(shape=(), dtype=tf.int64),
         )
         expect("register + from_dataset_id", read(ds), n, w)
+    elif scenario == "data":
+        # Static DATA sharding: worker i reads every element whose index is
+        # i modulo the workers; together every element once.
+        ds = tf.data.Dataset.range(n).apply(
+            dsvc.distribute(processing_mode=dsvc.ShardingPolicy.DATA, service=service)
+        )
+        expect("static DATA sharding", read(ds), n, 1)
     elif scenario == "slow":
         # Read slowly, announcing the first element (the test kills the
         # leader then); the epoch must still deliver every element.

@@ -2,8 +2,9 @@
 //! processes) and clients (`distribute()`, `register_dataset` /
 //! `from_dataset_id`) with coordstore as their dispatcher, on one node and
 //! on a follower of three: exact multisets of elements for sharding OFF with
-//! two workers, repeated epochs, a named job shared by two clients, and a
-//! registered dataset read by id; an epoch in flight while the leader is
+//! two workers, repeated epochs, a named job shared by two clients, a
+//! registered dataset read by id, and static DATA sharding over the node's
+//! worker list (every element once); an epoch in flight while the leader is
 //! SIGKILLed (clients and workers on a follower, or on a relay whose node is
 //! the one killed) finishes with every element, and a new job runs after it.
 //! Afterwards every iteration is finished and every iteration client
@@ -32,7 +33,7 @@ fn spawn(cluster: &Cluster, args: &[&str]) -> PyProc {
 /// Two workers and one client running `scenarios` against `dispatcher`;
 /// every check of the client must pass.
 fn run(cluster: &Cluster, dispatcher: &str, scenarios: &str) {
-    run_with(cluster, dispatcher, scenarios, |_| {});
+    run_with(cluster, dispatcher, scenarios, &[0, 0], |_| {});
 }
 
 /// [`run`], calling `meanwhile` with the client once it runs.
@@ -40,10 +41,18 @@ fn run_with(
     cluster: &Cluster,
     dispatcher: &str,
     scenarios: &str,
+    worker_ports: &[u16; 2],
     meanwhile: impl FnOnce(&mut PyProc),
 ) {
-    let mut workers: Vec<PyProc> = (0..2)
-        .map(|_| spawn(cluster, &["worker", "--dispatcher", dispatcher]))
+    let mut workers: Vec<PyProc> = worker_ports
+        .iter()
+        .map(|port| {
+            let port = port.to_string();
+            spawn(
+                cluster,
+                &["worker", "--dispatcher", dispatcher, "--port", &port],
+            )
+        })
         .collect();
     for w in &mut workers {
         w.wait_line("READY", WAIT);
@@ -120,7 +129,7 @@ fn a_tfdata_epoch_rides_through_a_leader_kill() {
     let leader_pid = cluster.nodes[leader].pid().expect("the leader runs") as i32;
     // The epoch in flight when the leader dies finishes with every element;
     // a new job starts after it on the new leader.
-    run_with(&cluster, &follower, "slow,off", |client| {
+    run_with(&cluster, &follower, "slow,off", &[0, 0], |client| {
         client.wait_line("READING", WAIT);
         // SAFETY: kill(2) on the node process this test started.
         assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);
@@ -146,7 +155,7 @@ fn a_tfdata_epoch_through_a_relay_rides_through_the_death_of_its_node() {
     let relay_addr = format!("127.0.0.1:{}", free_port());
     let _relay = NodeProc::relay(&relay_addr, &endpoints, cluster.dir.path());
     let leader_pid = cluster.nodes[leader].pid().expect("the leader runs") as i32;
-    run_with(&cluster, &relay_addr, "slow,register", |client| {
+    run_with(&cluster, &relay_addr, "slow,register", &[0, 0], |client| {
         client.wait_line("READING", WAIT);
         // SAFETY: kill(2) on the node process this test started.
         assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);
@@ -155,4 +164,13 @@ fn a_tfdata_epoch_through_a_relay_rides_through_the_death_of_its_node() {
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let new_leader = rt.block_on(cluster.wait_leader(&others, WAIT));
     rt.block_on(all_released(&cluster.nodes[new_leader].addr));
+}
+
+#[test]
+fn static_data_sharding_reads_every_element_once() {
+    let ports = [free_port(), free_port()];
+    let list = format!("localhost:{},localhost:{}", ports[0], ports[1]);
+    let cluster = Cluster::start(1, &["--tfdata-worker-addresses", &list]);
+    let addr = cluster.nodes[0].addr.clone();
+    run_with(&cluster, &addr, "data", &ports, |_| {});
 }
