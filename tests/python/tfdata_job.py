@@ -19,6 +19,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
              element once.
   slow       one epoch read at 20 elements/s, printing READING after the
              first element: every element W times.
+  slow-restart  as slow while a worker restarts: every element W times plus
+             one repeat of a prefix.
 
 Output: JSON lines {"check": NAME, "ok": BOOL, "detail": ...} and a final
 {"check": "summary", ...}; exit 0 when every check passed.
@@ -126,6 +128,28 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
                 print("READING", flush=True)
             time.sleep(0.05)
         expect("slow epoch across a leader kill", got, n, w)
+    elif scenario == "slow-restart":
+        # As `slow`, while the test SIGKILLs worker 0 and restarts it on its
+        # port: the restarted worker runs its task again from the start, so
+        # the epoch holds every element W times plus a repeat of a prefix
+        # (what the client had read from the killed worker).
+        ds = tf.data.Dataset.range(n).apply(
+            dsvc.distribute(processing_mode="parallel_epochs", service=service)
+        )
+        got = []
+        for x in ds:
+            got.append(int(x))
+            if len(got) == 1:
+                print("READING", flush=True)
+            time.sleep(0.05)
+        have = collections.Counter(got)
+        extra = sorted(e for e, c in have.items() if c > w)
+        ok = (
+            all(w <= have[i] <= w + 1 for i in range(n))
+            and set(have) == set(range(n))
+            and extra == list(range(len(extra)))
+        )
+        check("epoch across a worker restart", ok, {"extra": extra, "count": len(got)})
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 

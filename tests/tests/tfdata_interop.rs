@@ -6,7 +6,10 @@
 //! registered dataset read by id, and static DATA sharding over the node's
 //! worker list (every element once); an epoch in flight while the leader is
 //! SIGKILLed (clients and workers on a follower, or on a relay whose node is
-//! the one killed) finishes with every element, and a new job runs after it.
+//! the one killed) finishes with every element, and a new job runs after it;
+//! clients and workers ride through a whole-cluster SIGKILL and restart on
+//! their old ids; a worker SIGKILLed and restarted on its port gets its task
+//! again (which reruns from the start: a prefix is read twice).
 //! Afterwards every iteration is finished and every iteration client
 //! released in the replicated state. Needs the venv made by
 //! `scripts/setup-tf.sh` (scripts/test.sh runs it).
@@ -30,29 +33,31 @@ fn spawn(cluster: &Cluster, args: &[&str]) -> PyProc {
     )
 }
 
-/// Two workers and one client running `scenarios` against `dispatcher`;
-/// every check of the client must pass.
-fn run(cluster: &Cluster, dispatcher: &str, scenarios: &str) {
-    run_with(cluster, dispatcher, scenarios, &[0, 0], |_| {});
+fn worker(cluster: &Cluster, dispatcher: &str, port: &str) -> PyProc {
+    spawn(
+        cluster,
+        &["worker", "--dispatcher", dispatcher, "--port", port],
+    )
 }
 
-/// [`run`], calling `meanwhile` with the client once it runs.
+/// Two workers and one client running `scenarios` against `dispatcher`;
+/// every check of the client must pass.
+fn run(cluster: &mut Cluster, dispatcher: &str, scenarios: &str) {
+    run_with(cluster, dispatcher, scenarios, &[0, 0], |_, _, _| {});
+}
+
+/// [`run`] with the workers on `worker_ports` (0: any), calling `meanwhile`
+/// with the client once it runs.
 fn run_with(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     dispatcher: &str,
     scenarios: &str,
     worker_ports: &[u16; 2],
-    meanwhile: impl FnOnce(&mut PyProc),
+    meanwhile: impl FnOnce(&mut PyProc, &mut Cluster, &mut Vec<PyProc>),
 ) {
     let mut workers: Vec<PyProc> = worker_ports
         .iter()
-        .map(|port| {
-            let port = port.to_string();
-            spawn(
-                cluster,
-                &["worker", "--dispatcher", dispatcher, "--port", &port],
-            )
-        })
+        .map(|port| worker(cluster, dispatcher, &port.to_string()))
         .collect();
     for w in &mut workers {
         w.wait_line("READY", WAIT);
@@ -73,7 +78,7 @@ fn run_with(
             "200",
         ],
     );
-    meanwhile(&mut client);
+    meanwhile(&mut client, cluster, &mut workers);
     let status = client.wait_exit(RUN);
     let summary_ok = client
         .lines()
@@ -102,20 +107,20 @@ async fn all_released(addr: &str) {
 
 #[test]
 fn stock_tfdata_workers_and_clients_on_one_node() {
-    let cluster = Cluster::start(1, &[]);
+    let mut cluster = Cluster::start(1, &[]);
     let addr = cluster.nodes[0].addr.clone();
-    run(&cluster, &addr, "off,epochs,named,register");
+    run(&mut cluster, &addr, "off,epochs,named,register");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(all_released(&addr));
 }
 
 #[test]
 fn stock_tfdata_workers_and_clients_on_a_follower_of_three() {
-    let cluster = Cluster::start(3, &[]);
+    let mut cluster = Cluster::start(3, &[]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
     let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
-    run(&cluster, &follower, "off,register");
+    run(&mut cluster, &follower, "off,register");
     rt.block_on(all_released(&cluster.nodes[leader].addr));
 }
 
@@ -126,15 +131,18 @@ fn a_tfdata_epoch_rides_through_a_leader_kill() {
     let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
     let follower_index = (leader + 1) % 3;
     let follower = cluster.nodes[follower_index].addr.clone();
-    let leader_pid = cluster.nodes[leader].pid().expect("the leader runs") as i32;
     // The epoch in flight when the leader dies finishes with every element;
     // a new job starts after it on the new leader.
-    run_with(&cluster, &follower, "slow,off", &[0, 0], |client| {
-        client.wait_line("READING", WAIT);
-        // SAFETY: kill(2) on the node process this test started.
-        assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);
-    });
-    cluster.kill(leader);
+    run_with(
+        &mut cluster,
+        &follower,
+        "slow,off",
+        &[0, 0],
+        |client, cluster, _| {
+            client.wait_line("READING", WAIT);
+            cluster.kill(leader);
+        },
+    );
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let new_leader = rt.block_on(cluster.wait_leader(&others, WAIT));
     rt.block_on(all_released(&cluster.nodes[new_leader].addr));
@@ -154,13 +162,16 @@ fn a_tfdata_epoch_through_a_relay_rides_through_the_death_of_its_node() {
         .collect();
     let relay_addr = format!("127.0.0.1:{}", free_port());
     let _relay = NodeProc::relay(&relay_addr, &endpoints, cluster.dir.path());
-    let leader_pid = cluster.nodes[leader].pid().expect("the leader runs") as i32;
-    run_with(&cluster, &relay_addr, "slow,register", &[0, 0], |client| {
-        client.wait_line("READING", WAIT);
-        // SAFETY: kill(2) on the node process this test started.
-        assert_eq!(unsafe { libc::kill(leader_pid, libc::SIGKILL) }, 0);
-    });
-    cluster.kill(leader);
+    run_with(
+        &mut cluster,
+        &relay_addr,
+        "slow,register",
+        &[0, 0],
+        |client, cluster, _| {
+            client.wait_line("READING", WAIT);
+            cluster.kill(leader);
+        },
+    );
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let new_leader = rt.block_on(cluster.wait_leader(&others, WAIT));
     rt.block_on(all_released(&cluster.nodes[new_leader].addr));
@@ -170,7 +181,55 @@ fn a_tfdata_epoch_through_a_relay_rides_through_the_death_of_its_node() {
 fn static_data_sharding_reads_every_element_once() {
     let ports = [free_port(), free_port()];
     let list = format!("localhost:{},localhost:{}", ports[0], ports[1]);
-    let cluster = Cluster::start(1, &["--tfdata-worker-addresses", &list]);
+    let mut cluster = Cluster::start(1, &["--tfdata-worker-addresses", &list]);
     let addr = cluster.nodes[0].addr.clone();
-    run_with(&cluster, &addr, "data", &ports, |_| {});
+    run_with(&mut cluster, &addr, "data", &ports, |_, _, _| {});
+}
+
+#[test]
+fn clients_and_workers_ride_through_a_whole_cluster_restart() {
+    let mut cluster = Cluster::start(3, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let addr = cluster.nodes[0].addr.clone();
+    // Every node is SIGKILLed mid-epoch and restarted on its data dir: the
+    // client goes on with its old iteration client id, the workers finish
+    // their tasks, and the epoch delivers every element.
+    run_with(
+        &mut cluster,
+        &addr,
+        "slow,off",
+        &[0, 0],
+        |client, cluster, _| {
+            client.wait_line("READING", WAIT);
+            cluster.kill_all();
+            for i in 0..3 {
+                cluster.restart(i);
+            }
+        },
+    );
+    let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    rt.block_on(all_released(&cluster.nodes[leader].addr));
+}
+
+#[test]
+fn a_worker_sigkilled_and_restarted_on_its_port_gets_its_task_again() {
+    let ports = [free_port(), free_port()];
+    let mut cluster = Cluster::start(1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    let dispatcher = addr.clone();
+    run_with(
+        &mut cluster,
+        &addr,
+        "slow-restart",
+        &ports,
+        |client, cluster, workers| {
+            client.wait_line("READING", WAIT);
+            // Dropping the process SIGKILLs it; the new one takes its port.
+            drop(workers.remove(0));
+            let mut back = worker(cluster, &dispatcher, &ports[0].to_string());
+            back.wait_line("READY", WAIT);
+            workers.push(back);
+        },
+    );
 }
