@@ -17,6 +17,7 @@ pub mod propose;
 pub mod replay;
 pub mod report;
 pub mod stats;
+pub mod tfdata;
 
 use std::path::PathBuf;
 

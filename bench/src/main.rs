@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
-    barrier, failover, handoff, jax_latency, kv, memory, parked, propose, replay, WORKER_THREADS,
+    barrier, failover, handoff, jax_latency, kv, memory, parked, propose, replay, tfdata,
+    WORKER_THREADS,
 };
 
 #[derive(Parser)]
@@ -130,6 +131,13 @@ enum Suite {
         #[arg(long, default_value_t = 200)]
         iterations: usize,
     },
+    /// tf.data dispatcher call latency, coordstore beside TensorFlow 2.21's
+    /// own dispatcher (in memory and fault tolerant).
+    Tfdata {
+        /// Calls per kind.
+        #[arg(long, default_value_t = 500)]
+        iterations: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -246,6 +254,16 @@ async fn run() -> anyhow::Result<()> {
             let path = cli.out.join(format!("propose-{stamp}.json"));
             std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
             println!("{}", propose::table(&results));
+            eprintln!("results: {}", path.display());
+            return Ok(());
+        }
+        Suite::Tfdata { iterations } => {
+            let rows = tfdata::run(iterations).await?;
+            let path = cli.out.join(format!("tfdata-{stamp}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(&rows)?)?;
+            let md = tfdata::table(&rows);
+            std::fs::write(cli.out.join("tfdata.md"), &md)?;
+            println!("{md}");
             eprintln!("results: {}", path.display());
             return Ok(());
         }

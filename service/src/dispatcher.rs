@@ -338,6 +338,13 @@ impl Dispatcher {
             target_workers: r.target_workers,
             anonymous_suffix: rand::random(),
         };
+        // A named job that exists is answered from the state: its
+        // parameters never change, so no proposal is needed.
+        if let Some(existing) = self.read(|s| s.dispatcher().existing_job(&c)) {
+            return Ok(existing
+                .map(|job_id| wire::GetOrCreateJobResponse { job_id })
+                .map_err(|e| status(&e)));
+        }
         Ok(self
             .propose(origin, c)
             .await?

@@ -138,6 +138,35 @@ async fn answers_and_errors_as_tf_callers_expect() {
         Some(Decision::CompressionDisabledAtRuntime(true))
     );
 
+    // A named job: created once; asked again it is answered from the state
+    // (nothing proposed); other parameters are INVALID_ARGUMENT.
+    let mut named = job(&ds, 0);
+    named.optional_job_name = Some(get_or_create_job_request::OptionalJobName::JobName(
+        "shared".into(),
+    ));
+    let id = c
+        .get_or_create_job(named.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let applied = coordstore_tests::try_status(&cluster.nodes[0].addr)
+        .await
+        .unwrap()
+        .last_applied;
+    for _ in 0..3 {
+        let again = c.get_or_create_job(named.clone()).await.unwrap();
+        assert_eq!(again.into_inner().job_id, id);
+    }
+    let after = coordstore_tests::try_status(&cluster.nodes[0].addr)
+        .await
+        .unwrap()
+        .last_applied;
+    assert_eq!(after, applied, "an existing named job proposes nothing");
+    named.processing_mode_def = Some(ProcessingModeDef { sharding_policy: 3 });
+    let e = c.get_or_create_job(named).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+
     // A worker, a job and an iteration: the worker's heartbeat hands it the
     // task, and drops what it runs that is not its own.
     c.worker_heartbeat(heartbeat("w:1", &[])).await.unwrap();

@@ -133,6 +133,40 @@ impl<'a> Reader<'a> {
             .collect()
     }
 
+    /// What GetOrCreateJob answers for a name that exists: its id when the
+    /// parameters match, INVALID_ARGUMENT when not; `None` for an
+    /// anonymous job or a new name (the command creates it). Lets the
+    /// service answer a repeated GetOrCreateJob without proposing.
+    pub fn existing_job(
+        &self,
+        c: &pb::dispatcher::GetOrCreateJob,
+    ) -> Option<Result<i64, crate::DomainError>> {
+        let name = c.job_name.as_ref()?;
+        let job = self.job(*self.data.jobs_by_name.get(name)?)?;
+        let mismatch = if job.sharding_policy != c.sharding_policy {
+            Some(format!(
+                "existing sharding policy {}, requested {}",
+                job.sharding_policy, c.sharding_policy
+            ))
+        } else if job.use_cross_trainer_cache != c.use_cross_trainer_cache {
+            Some(format!(
+                "existing cross-trainer cache {}, requested {}",
+                job.use_cross_trainer_cache, c.use_cross_trainer_cache
+            ))
+        } else if job.target_workers != c.target_workers {
+            Some(format!(
+                "existing target workers {}, requested {}",
+                job.target_workers, c.target_workers
+            ))
+        } else {
+            None
+        };
+        Some(match mismatch {
+            Some(what) => Err(errors::job_mismatch(name, &what)),
+            None => Ok(job.id),
+        })
+    }
+
     /// Whether a worker heartbeat would change the state (an unknown
     /// worker, or new transfer servers, tags or uid): only then is it
     /// proposed.
@@ -204,42 +238,19 @@ impl Writer<'_, '_> {
     }
 
     fn get_or_create_job(&mut self, c: &pb::dispatcher::GetOrCreateJob) -> Outcome {
+        // As upstream: an existing name is checked first (its parameters
+        // never change), then what a new job needs.
+        if let Some(existing) = (Reader { data: self.data }).existing_job(c) {
+            return match existing {
+                Ok(id) => reply(Reply::JobId(id)),
+                Err(e) => Outcome::err(e),
+            };
+        }
         if !self.data.datasets.contains_key(&c.dataset_id) {
             return Outcome::err(errors::dataset_not_found(&c.dataset_id));
         }
         if c.sharding_policy == SHARDING_DYNAMIC {
             return Outcome::err(errors::dynamic_sharding_unsupported());
-        }
-        if let Some(name) = &c.job_name {
-            if let Some(job) = self
-                .data
-                .jobs_by_name
-                .get(name)
-                .and_then(|id| self.data.jobs.get(id))
-            {
-                let mismatch = if job.sharding_policy != c.sharding_policy {
-                    Some(format!(
-                        "existing sharding policy {}, requested {}",
-                        job.sharding_policy, c.sharding_policy
-                    ))
-                } else if job.use_cross_trainer_cache != c.use_cross_trainer_cache {
-                    Some(format!(
-                        "existing cross-trainer cache {}, requested {}",
-                        job.use_cross_trainer_cache, c.use_cross_trainer_cache
-                    ))
-                } else if job.target_workers != c.target_workers {
-                    Some(format!(
-                        "existing target workers {}, requested {}",
-                        job.target_workers, c.target_workers
-                    ))
-                } else {
-                    None
-                };
-                if let Some(what) = mismatch {
-                    return Outcome::err(errors::job_mismatch(name, &what));
-                }
-                return reply(Reply::JobId(job.id));
-            }
         }
         let id = draw(&mut self.data.next_job_id, FIRST_JOB_ID);
         let name = c
