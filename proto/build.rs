@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/tf_coordination.proto",
         "proto/coordstore.proto",
         "proto/tf_data.proto",
+        "proto/tf_graph.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -32,6 +32,13 @@ pub mod tfdata {
     tonic::include_proto!("tensorflow.data");
 }
 
+/// The TensorFlow graph messages coordstore decodes from a dataset
+/// definition (DYNAMIC sharding's source), TensorFlow's field numbers.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod tfgraph {
+    tonic::include_proto!("coordstore.tfgraph");
+}
+
 /// `coordstore.v1`: coordstore's own API — Raft peer RPCs and the node API.
 #[allow(clippy::all, clippy::pedantic)]
 pub mod coordstore {

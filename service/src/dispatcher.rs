@@ -214,7 +214,7 @@ impl Dispatcher {
                 .num_consumers
                 .map(task_def::OptionalNumConsumers::NumConsumers),
             worker_address: task.worker_address.clone(),
-            num_split_providers: 0,
+            num_split_providers: i64::from(job.split_source.is_some()),
             processing_mode_def: Some(wire::ProcessingModeDef {
                 sharding_policy: job.sharding_policy,
             }),
@@ -337,6 +337,7 @@ impl Dispatcher {
             use_cross_trainer_cache: r.use_cross_trainer_cache,
             target_workers: r.target_workers,
             anonymous_suffix: rand::random(),
+            split_source: None,
         };
         // A named job that exists is answered from the state: its
         // parameters never change, so no proposal is needed.
@@ -344,6 +345,26 @@ impl Dispatcher {
             return Ok(existing
                 .map(|job_id| wire::GetOrCreateJobResponse { job_id })
                 .map_err(|e| status(&e)));
+        }
+        let mut c = c;
+        if c.sharding_policy == journal::dispatcher::SHARDING_DYNAMIC {
+            let def = self
+                .read_confirmed(|s| {
+                    s.dispatcher()
+                        .dataset(&c.dataset_id)
+                        .map(|d| d.definition.clone())
+                })
+                .await?;
+            let Some(def) = def else {
+                return Ok(Err(Status::not_found(format!(
+                    "Dataset id {} not found",
+                    c.dataset_id
+                ))));
+            };
+            match crate::tfgraph::split_source(&def) {
+                Ok(source) => c.split_source = Some(source),
+                Err(why) => return Ok(Err(Status::unimplemented(why))),
+            }
         }
         Ok(self
             .propose(origin, c)
@@ -409,6 +430,34 @@ impl Dispatcher {
             .propose(origin, c)
             .await?
             .map(|_| wire::ReleaseIterationClientResponse {}))
+    }
+
+    /// GetSplit: the next split of a DYNAMIC iteration, journaled before it
+    /// is answered, so no split is handed out twice, also across leaders.
+    pub async fn get_split(
+        &self,
+        origin: Option<Origin>,
+        r: wire::GetSplitRequest,
+    ) -> OnLeader<wire::GetSplitResponse> {
+        let c = cmd::ProduceSplit {
+            iteration_id: r.iteration_id,
+            repetition: r.repetition,
+            provider_index: r.split_provider_index,
+        };
+        Ok(self.propose(origin, c).await?.map(|out| {
+            let split = out.split().unwrap_or(cmd::Split {
+                value: 0,
+                end_of_splits: true,
+            });
+            wire::GetSplitResponse {
+                split: if split.end_of_splits {
+                    Default::default()
+                } else {
+                    crate::tfgraph::split_tensor(split.value).into()
+                },
+                end_of_splits: split.end_of_splits,
+            }
+        }))
     }
 
     /// ClientHeartbeat: the iteration's tasks and whether it finished.

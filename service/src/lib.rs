@@ -18,4 +18,5 @@ pub mod leader;
 pub mod node_api;
 pub mod router;
 pub mod server;
+pub mod tfgraph;
 pub mod wake;

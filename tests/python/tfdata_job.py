@@ -15,6 +15,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
   named      two clients of one named job, reading at once: together every
              element W times.
   register   register_dataset + from_dataset_id: every element W times.
+  dynamic    DYNAMIC sharding of range(N) and from_tensor_slices: every
+             element once.
   data       static DATA sharding over the dispatcher's worker list: every
              element once.
   slow       one epoch read at 20 elements/s, printing READING after the
@@ -108,6 +110,17 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
             element_spec=tf.TensorSpec(shape=(), dtype=tf.int64),
         )
         expect("register + from_dataset_id", read(ds), n, w)
+    elif scenario == "dynamic":
+        # DYNAMIC sharding: the workers pull splits from the dispatcher;
+        # every element exactly once across them.
+        ds = tf.data.Dataset.range(n).map(lambda x: x * 3).apply(
+            dsvc.distribute(processing_mode="distributed_epoch", service=service)
+        )
+        expect("DYNAMIC range", [x // 3 for x in read(ds)], n, 1)
+        slices = tf.data.Dataset.from_tensor_slices(list(range(n))).apply(
+            dsvc.distribute(processing_mode="distributed_epoch", service=service)
+        )
+        expect("DYNAMIC from_tensor_slices", read(slices), n, 1)
     elif scenario == "data":
         # Static DATA sharding: worker i reads every element whose index is
         # i modulo the workers; together every element once.

@@ -1,6 +1,7 @@
 //! `tensorflow.data.DispatcherService` from a tonic client against real
 //! nodes: the exact codes TF 2.21's callers react to (reference
-//! tf-data-dispatcher.md §7), TaskDefs for workers with static sharding,
+//! tf-data-dispatcher.md §7), DYNAMIC jobs refused for a source coordstore
+//! cannot split, TaskDefs for workers with static sharding,
 //! and UNAVAILABLE, never NOT_FOUND, while no leader is known.
 
 use std::time::Duration;
@@ -97,7 +98,10 @@ async fn answers_and_errors_as_tf_callers_expect() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     let e = c.get_split(GetSplitRequest::default()).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::NotFound, "Iteration id 0 not found")
+    );
     let e = c.snapshot(SnapshotRequest {}).await.unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
 

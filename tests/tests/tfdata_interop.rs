@@ -3,8 +3,9 @@
 //! `from_dataset_id`) with coordstore as their dispatcher, on one node and
 //! on a follower of three: exact multisets of elements for sharding OFF with
 //! two workers, repeated epochs, a named job shared by two clients, a
-//! registered dataset read by id, and static DATA sharding over the node's
-//! worker list (every element once); an epoch in flight while the leader is
+//! registered dataset read by id, DYNAMIC sharding of `range` and
+//! `from_tensor_slices` (every element once), and static DATA sharding over
+//! the node's worker list (every element once); an epoch in flight while the leader is
 //! SIGKILLed (clients and workers on a follower, or on a relay whose node is
 //! the one killed) finishes with every element, and a new job runs after it;
 //! clients and workers ride through a whole-cluster SIGKILL and restart on
@@ -109,7 +110,7 @@ async fn all_released(addr: &str) {
 fn stock_tfdata_workers_and_clients_on_one_node() {
     let mut cluster = Cluster::start(1, &[]);
     let addr = cluster.nodes[0].addr.clone();
-    run(&mut cluster, &addr, "off,epochs,named,register");
+    run(&mut cluster, &addr, "off,epochs,named,register,dynamic");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(all_released(&addr));
 }
@@ -120,7 +121,7 @@ fn stock_tfdata_workers_and_clients_on_a_follower_of_three() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
     let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
-    run(&mut cluster, &follower, "off,register");
+    run(&mut cluster, &follower, "off,register,dynamic");
     rt.block_on(all_released(&cluster.nodes[leader].addr));
 }
 

@@ -39,10 +39,28 @@ pub(crate) fn job_mismatch(name: &str, what: &str) -> DomainError {
     )
 }
 
-pub(crate) fn dynamic_sharding_unsupported() -> DomainError {
+pub(crate) fn dynamic_without_source() -> DomainError {
     bare(
         Code::Unimplemented,
-        "coordstore's tf.data dispatcher does not serve DYNAMIC sharding (processing_mode=\"distributed_epoch\") yet; use OFF (\"parallel_epochs\") or a static sharding policy",
+        "DYNAMIC sharding needs a source coordstore can split (range, from_tensor_slices, from_tensors with constant inputs)",
+    )
+}
+
+pub(crate) fn iteration_not_found(id: i64) -> DomainError {
+    bare(Code::NotFound, format!("Iteration id {id} not found"))
+}
+
+pub(crate) fn not_dynamic(id: i64) -> DomainError {
+    bare(
+        Code::FailedPrecondition,
+        format!("Iteration {id} does not use DYNAMIC sharding: it has no splits"),
+    )
+}
+
+pub(crate) fn bad_split_provider(index: i64) -> DomainError {
+    bare(
+        Code::InvalidArgument,
+        format!("Split provider index {index} is out of range: the iteration has 1"),
     )
 }
 

@@ -7,10 +7,11 @@
 //! Served: sharding OFF and the static policies (FILE, DATA, FILE_OR_DATA,
 //! HINT: the worker index is the service's to fill in), named and anonymous
 //! jobs, repetitions, iteration clients, task completion, compression
-//! decisions, and journaled garbage collection. Coordinated reads
+//! decisions, journaled garbage collection, and DYNAMIC sharding of a
+//! source the service can describe as a [`pb::dispatcher::SplitSource`]
+//! (every split handed out once, journaled). Coordinated reads
 //! (`num_consumers`) get their tasks at creation; the pending-task protocol
-//! for workers that join later, DYNAMIC sharding and snapshots are not
-//! served yet.
+//! for workers that join later and snapshots are not served yet.
 
 pub mod errors;
 
@@ -249,8 +250,8 @@ impl Writer<'_, '_> {
         if !self.data.datasets.contains_key(&c.dataset_id) {
             return Outcome::err(errors::dataset_not_found(&c.dataset_id));
         }
-        if c.sharding_policy == SHARDING_DYNAMIC {
-            return Outcome::err(errors::dynamic_sharding_unsupported());
+        if c.sharding_policy == SHARDING_DYNAMIC && c.split_source.is_none() {
+            return Outcome::err(errors::dynamic_without_source());
         }
         let id = draw(&mut self.data.next_job_id, FIRST_JOB_ID);
         let name = c
@@ -268,6 +269,9 @@ impl Writer<'_, '_> {
                 num_consumers: c.num_consumers,
                 use_cross_trainer_cache: c.use_cross_trainer_cache,
                 target_workers: c.target_workers,
+                split_source: c
+                    .split_source
+                    .filter(|_| c.sharding_policy == SHARDING_DYNAMIC),
             },
         );
         reply(Reply::JobId(id))
@@ -293,6 +297,7 @@ impl Writer<'_, '_> {
             Some(id) => (id, false),
             None => {
                 let id = draw(&mut self.data.next_iteration_id, FIRST_ITERATION_ID);
+                let dynamic = self.data.jobs.get(&job_id).and_then(|j| j.split_source);
                 let workers: Vec<String> = self.data.workers.keys().cloned().collect();
                 let tasks = workers
                     .into_iter()
@@ -305,6 +310,7 @@ impl Writer<'_, '_> {
                         job_id,
                         repetition,
                         tasks,
+                        split_provider: dynamic.map(|_| pb::dispatcher::SplitProvider::default()),
                         ..Default::default()
                     },
                 );
@@ -427,10 +433,59 @@ impl Writer<'_, '_> {
         reply(Reply::CompressionDisabled(decision))
     }
 
+    /// Hands out the next split of a DYNAMIC iteration (upstream's
+    /// `GetSplit` + `ProduceSplitUpdate`, decided here so every replica
+    /// agrees on which split went out).
+    fn produce_split(&mut self, c: &pb::dispatcher::ProduceSplit) -> Outcome {
+        let Some(it) = self.data.iterations.get_mut(&c.iteration_id) else {
+            return Outcome::err(errors::iteration_not_found(c.iteration_id));
+        };
+        let source = self.data.jobs.get(&it.job_id).and_then(|j| j.split_source);
+        let (Some(source), Some(p)) = (source, it.split_provider.as_mut()) else {
+            return Outcome::err(errors::not_dynamic(c.iteration_id));
+        };
+        if c.provider_index != 0 {
+            return Outcome::err(errors::bad_split_provider(c.provider_index));
+        }
+        let end = || {
+            reply(Reply::Split(pb::dispatcher::Split {
+                value: 0,
+                end_of_splits: true,
+            }))
+        };
+        if c.repetition < p.repetition {
+            return end();
+        }
+        if c.repetition > p.repetition {
+            p.repetition = c.repetition;
+            p.next = 0;
+        }
+        if p.next >= source.count {
+            // The repetition is over: the next one starts afresh.
+            p.repetition += 1;
+            p.next = 0;
+            return end();
+        }
+        let value = source
+            .start
+            .saturating_add(p.next.saturating_mul(source.step));
+        p.next += 1;
+        reply(Reply::Split(pb::dispatcher::Split {
+            value,
+            end_of_splits: false,
+        }))
+    }
+
     fn garbage_collect_iteration(&mut self, id: i64, released_at_ms: u64) -> Outcome {
         let Some(it) = self.data.iterations.get_mut(&id) else {
             return Outcome::ok();
         };
+        // DYNAMIC iterations are never collected (upstream's default,
+        // gc_dynamic_sharding_jobs = false): a new one would hand out every
+        // split again.
+        if it.split_provider.is_some() {
+            return Outcome::ok();
+        }
         let idle = it.num_clients == 0 && it.last_released_ms != 0;
         if it.finished || it.garbage_collected || !idle || it.last_released_ms != released_at_ms {
             return Outcome::ok();
@@ -476,6 +531,7 @@ impl Area for Data {
             Command::GarbageCollectIteration(c) => {
                 w.garbage_collect_iteration(c.iteration_id, c.released_at_ms)
             }
+            Command::ProduceSplit(c) => w.produce_split(c),
         }
     }
 
@@ -558,6 +614,14 @@ impl Outcome {
         }
     }
 
+    /// ProduceSplit: the split handed out, or the end of the repetition.
+    pub fn split(&self) -> Option<pb::dispatcher::Split> {
+        match self.dispatcher_reply()? {
+            Reply::Split(s) => Some(*s),
+            _ => None,
+        }
+    }
+
     /// DisableCompression: `Some(decision)`, or `Some(None)` when the
     /// dataset is not compressed.
     pub fn compression_decision(&self) -> Option<Option<bool>> {
@@ -616,4 +680,5 @@ command_into_update!(
     FinishTasks,
     DisableCompression,
     GarbageCollectIteration,
+    ProduceSplit,
 );

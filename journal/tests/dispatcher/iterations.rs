@@ -183,3 +183,98 @@ fn garbage_collection_is_the_leaders_and_the_state_survives_a_snapshot() {
     assert_eq!(back.digest(), s.digest());
     assert_eq!(back.dispatcher().tasks().count(), 1);
 }
+
+#[test]
+fn dynamic_splits_are_handed_out_once_per_repetition() {
+    let mut s = state();
+    ok(&run(&mut s, worker("a:1"), 1));
+    let ds = register(&mut s, "g", "m");
+    let mut dynamic = job(&ds, Some("dyn"), 1);
+    dynamic.sharding_policy = journal::dispatcher::SHARDING_DYNAMIC;
+    dynamic.split_source = Some(d::SplitSource {
+        start: 10,
+        step: 5,
+        count: 3,
+    });
+    let j = run(&mut s, dynamic, 1).job_id().unwrap();
+    let (_, it, _) = iterate(&mut s, j, 1);
+    let split = |s: &mut State, repetition| {
+        run(
+            s,
+            d::ProduceSplit {
+                iteration_id: it,
+                repetition,
+                provider_index: 0,
+            },
+            1,
+        )
+        .split()
+        .map(|x| (!x.end_of_splits).then_some(x.value))
+    };
+    let got: Vec<Option<Option<i64>>> = (0..4).map(|_| split(&mut s, 0)).collect();
+    assert_eq!(
+        got,
+        vec![Some(Some(10)), Some(Some(15)), Some(Some(20)), Some(None)]
+    );
+    // The repetition ended: a late request for it gets the end again; the
+    // next repetition starts over.
+    assert_eq!(split(&mut s, 0), Some(None));
+    assert_eq!(split(&mut s, 1), Some(Some(10)));
+    // A jump ahead starts that repetition.
+    assert_eq!(split(&mut s, 5), Some(Some(10)));
+    assert_eq!(split(&mut s, 5), Some(Some(15)));
+    let bad = run(
+        &mut s,
+        d::ProduceSplit {
+            iteration_id: it,
+            repetition: 5,
+            provider_index: 1,
+        },
+        1,
+    );
+    err(&bad, Code::InvalidArgument);
+    // A DYNAMIC iteration is never collected; an OFF one has no splits.
+    ok(&run(
+        &mut s,
+        d::ReleaseIterationClient {
+            iteration_client_id: 3000,
+        },
+        5,
+    ));
+    ok(&run(
+        &mut s,
+        d::GarbageCollectIteration {
+            iteration_id: it,
+            released_at_ms: 5,
+        },
+        1_000_000,
+    ));
+    assert!(!s.dispatcher().iteration(it).unwrap().garbage_collected);
+    let off = new_job(&mut s, &ds, None);
+    let (_, off_it, _) = iterate(&mut s, off, 1);
+    let e = err(
+        &run(
+            &mut s,
+            d::ProduceSplit {
+                iteration_id: off_it,
+                repetition: 0,
+                provider_index: 0,
+            },
+            1,
+        ),
+        Code::FailedPrecondition,
+    );
+    assert!(e.message.contains("DYNAMIC"), "{}", e.message);
+    err(
+        &run(
+            &mut s,
+            d::ProduceSplit {
+                iteration_id: 1,
+                repetition: 0,
+                provider_index: 0,
+            },
+            1,
+        ),
+        Code::NotFound,
+    );
+}

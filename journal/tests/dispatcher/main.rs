@@ -46,6 +46,7 @@ pub fn job(dataset: &str, name: Option<&str>, suffix: u64) -> d::GetOrCreateJob 
         use_cross_trainer_cache: false,
         target_workers: 0,
         anonymous_suffix: suffix,
+        split_source: None,
     }
 }
 

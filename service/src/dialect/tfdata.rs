@@ -6,7 +6,7 @@
 //! gets UNAVAILABLE (which TF retries), never NOT_FOUND or
 //! FAILED_PRECONDITION (which end an input pipeline), and a forward to a
 //! leader that hangs ends as UNAVAILABLE, never as DEADLINE_EXCEEDED.
-//! Distributed snapshots and DYNAMIC splits are UNIMPLEMENTED.
+//! Distributed snapshots are UNIMPLEMENTED.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -101,7 +101,7 @@ impl TfDataService {
 
 fn unimplemented(what: &str) -> Status {
     Status::unimplemented(format!(
-        "coordstore's tf.data dispatcher does not serve {what} (distributed snapshots and DYNAMIC sharding are not supported yet)"
+        "coordstore's tf.data dispatcher does not serve {what} (distributed snapshots are not supported yet)"
     ))
 }
 
@@ -148,9 +148,15 @@ impl DispatcherService for TfDataService {
 
     async fn get_split(
         &self,
-        _req: Request<GetSplitRequest>,
+        req: Request<GetSplitRequest>,
     ) -> Result<Response<GetSplitResponse>, Status> {
-        Err(unimplemented("GetSplit"))
+        self.on_leader(
+            req,
+            true,
+            |d, o, r| async move { d.get_split(o, r).await },
+            |mut c, r| async move { c.get_split(r).await },
+        )
+        .await
     }
 
     async fn get_version(

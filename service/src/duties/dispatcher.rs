@@ -77,6 +77,7 @@ impl DispatcherDuty {
                         && !it.garbage_collected
                         && it.num_clients == 0
                         && it.last_released_ms != 0
+                        && it.split_provider.is_none()
                 })
                 .map(|it| (it.id, it.last_released_ms))
                 .collect();
