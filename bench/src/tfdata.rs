@@ -4,8 +4,10 @@
 //! (journaled in a work dir: the durable peer), in one run. The calls are
 //! the ones a training job repeats: ClientHeartbeat (every client, every
 //! second), GetOrCreateJob of a named job that exists (every client of a
-//! shared job), and WorkerHeartbeat of a known worker. Target: within 2× of
-//! TF's fault-tolerant dispatcher.
+//! shared job), WorkerHeartbeat of a known worker, and GetSplit of a DYNAMIC
+//! iteration (one worker pulling splits; each split is journaled, fsync'd,
+//! on both the fault-tolerant TF dispatcher and coordstore). Targets: calls
+//! within 2× of TF's fault-tolerant dispatcher; splits/s ≥ 5× of it.
 
 use std::time::{Duration, Instant};
 
@@ -26,9 +28,37 @@ pub struct Row {
     pub call: String,
     /// Latency.
     pub latency: Latency,
+    /// GetSplit only: splits handed out per second to `SPLIT_CALLERS`
+    /// workers pulling at once.
+    pub splits_per_s: Option<f64>,
 }
 
-const CALLS: [&str; 3] = ["ClientHeartbeat", "GetOrCreateJob", "WorkerHeartbeat"];
+/// Workers pulling splits at once in the throughput measurement.
+pub const SPLIT_CALLERS: usize = 16;
+
+const CALLS: [&str; 4] = [
+    "ClientHeartbeat",
+    "GetOrCreateJob",
+    "WorkerHeartbeat",
+    "GetSplit",
+];
+
+/// The iteration id of a DYNAMIC job's first iteration, as the worker
+/// learns it: from the TaskDef its heartbeat gets.
+async fn dynamic_iteration(
+    c: &mut DispatcherServiceClient<Channel>,
+    job_id: i64,
+    worker: WorkerHeartbeatRequest,
+) -> anyhow::Result<i64> {
+    let hb = c.worker_heartbeat(worker).await?.into_inner();
+    let _ = job_id;
+    hb.new_tasks
+        .iter()
+        .filter(|t| t.num_split_providers > 0)
+        .map(|t| t.iteration_id)
+        .max()
+        .ok_or_else(|| anyhow::anyhow!("no DYNAMIC task in the worker heartbeat"))
+}
 
 /// TF's own dispatcher (in memory, or journaled in a work dir), and the
 /// serialized DatasetDef it printed.
@@ -99,6 +129,26 @@ async fn measure(
         iteration_client_id: client_id,
         ..Default::default()
     };
+    // A DYNAMIC job of the same dataset, for GetSplit.
+    let dynamic = GetOrCreateJobRequest {
+        processing_mode_def: Some(ProcessingModeDef { sharding_policy: 1 }),
+        optional_job_name: Some(get_or_create_job_request::OptionalJobName::JobName(
+            "bench-dynamic".into(),
+        )),
+        ..job.clone()
+    };
+    let dynamic_job = c.get_or_create_job(dynamic).await?.into_inner().job_id;
+    c.get_or_create_iteration(GetOrCreateIterationRequest {
+        job_id: dynamic_job,
+        repetition: 1,
+    })
+    .await?;
+    let iteration_id = dynamic_iteration(&mut c, dynamic_job, worker.clone()).await?;
+    let split = GetSplitRequest {
+        iteration_id,
+        repetition: 0,
+        split_provider_index: 0,
+    };
     let mut rows = Vec::new();
     for call in CALLS {
         let mut samples = Vec::with_capacity(iterations);
@@ -107,6 +157,10 @@ async fn measure(
             match call {
                 "ClientHeartbeat" => drop(c.client_heartbeat(heartbeat).await?),
                 "GetOrCreateJob" => drop(c.get_or_create_job(job.clone()).await?),
+                "GetSplit" => {
+                    let r = c.get_split(split).await?.into_inner();
+                    anyhow::ensure!(!r.end_of_splits, "{peer}: out of splits");
+                }
                 _ => drop(c.worker_heartbeat(worker.clone()).await?),
             }
             // The first 20 calls warm up.
@@ -114,13 +168,44 @@ async fn measure(
                 samples.push(t.elapsed());
             }
         }
+        let splits_per_s = if call == "GetSplit" {
+            Some(split_throughput(&c, split, iterations).await?)
+        } else {
+            None
+        };
         rows.push(Row {
             peer: peer.into(),
             call: call.into(),
             latency: summarize(&mut samples),
+            splits_per_s,
         });
     }
     Ok(rows)
+}
+
+/// Splits per second with `SPLIT_CALLERS` callers pulling `per_caller`
+/// splits each at once.
+async fn split_throughput(
+    c: &DispatcherServiceClient<Channel>,
+    split: GetSplitRequest,
+    per_caller: usize,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..SPLIT_CALLERS {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..per_caller {
+                let r = c.get_split(split).await?.into_inner();
+                anyhow::ensure!(!r.end_of_splits, "out of splits");
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok((SPLIT_CALLERS * per_caller) as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Runs every peer.
@@ -168,14 +253,17 @@ pub async fn run(iterations: usize) -> anyhow::Result<Vec<Row>> {
 }
 
 /// A markdown table: p50 / p99 in ms per call and peer, and each peer's
-/// p50 as a multiple of TF's fault-tolerant dispatcher's.
+/// p50 as a multiple of TF's fault-tolerant dispatcher's (for GetSplit, one
+/// caller's splits/s is 1000 / p50).
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from("| peer |");
     for call in CALLS {
         s.push_str(&format!(" {call} p50 / p99 ms |"));
     }
-    s.push_str(" p50 vs TF fault tolerant |\n|---|");
-    s.push_str(&"---|".repeat(CALLS.len() + 1));
+    s.push_str(&format!(
+        " splits/s, {SPLIT_CALLERS} workers | p50 vs TF fault tolerant |\n|---|"
+    ));
+    s.push_str(&"---|".repeat(CALLS.len() + 2));
     s.push('\n');
     let p50 = |peer: &str, call: &str| {
         rows.iter()
@@ -204,6 +292,19 @@ pub fn table(rows: &[Row]) -> String {
                 "{:.2}×",
                 p50(peer, call) / p50("TF 2.21 dispatcher, fault tolerant", call)
             ));
+        }
+        let rate = rows
+            .iter()
+            .find(|r| r.peer == peer && r.call == "GetSplit")
+            .and_then(|r| r.splits_per_s);
+        let ft_rate = rows
+            .iter()
+            .find(|r| r.peer == "TF 2.21 dispatcher, fault tolerant" && r.call == "GetSplit")
+            .and_then(|r| r.splits_per_s);
+        match (rate, ft_rate) {
+            (Some(r), Some(ft)) => s.push_str(&format!(" {r:.0} ({:.2}×) |", r / ft)),
+            (Some(r), None) => s.push_str(&format!(" {r:.0} |")),
+            _ => s.push_str(" – |"),
         }
         s.push_str(&format!(" {} |\n", ratios.join(" / ")));
     }

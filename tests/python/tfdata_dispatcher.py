@@ -4,7 +4,7 @@ comparison (`coordstore-bench tfdata`).
 
   tfdata_dispatcher.py --port P [--work-dir DIR]
       a DispatchServer on P (with DIR: fault_tolerant_mode, journaled in
-      DIR); prints `DATASET <hex>` (a serialized DatasetDef of range(10),
+      DIR); prints `DATASET <hex>` (a serialized DatasetDef of range(2**40),
       for registering) and READY, then serves until stdin closes.
 """
 
@@ -38,7 +38,8 @@ def main() -> None:
         work_dir=args.work_dir,
     )
     server = dsvc.DispatchServer(config)
-    graph = tf.data.Dataset.range(10)._as_serialized_graph().numpy()
+    # range(2**40): splits enough for any DYNAMIC measurement.
+    graph = tf.data.Dataset.range(2**40)._as_serialized_graph().numpy()
     dataset_def = b"\x0a" + varint(len(graph)) + graph
     print(f"DATASET {dataset_def.hex()}", flush=True)
     print("READY", flush=True)
