@@ -17,6 +17,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
   register   register_dataset + from_dataset_id: every element W times.
   dynamic    DYNAMIC sharding of range(N) and from_tensor_slices: every
              element once.
+  rr         coordinated reads (num_consumers=2) of an infinite dataset:
+             consumer c's j-th element is 2 * (j // 2) + c.
   data       static DATA sharding over the dispatcher's worker list: every
              element once.
   slow       one epoch read at 20 elements/s, printing READING after the
@@ -121,6 +123,33 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
             dsvc.distribute(processing_mode="distributed_epoch", service=service)
         )
         expect("DYNAMIC from_tensor_slices", read(slices), n, 1)
+    elif scenario == "rr":
+        # Coordinated reads: two consumers of an infinite dataset read round
+        # by round from the same worker; with every worker producing
+        # 0, 1, 2, ..., consumer c's j-th element is 2 * (j // 2) + c.
+        got: list[list[int]] = [[], []]
+
+        def consume(c: int) -> None:
+            ds = tf.data.Dataset.range(1 << 40).repeat().apply(
+                dsvc.distribute(
+                    processing_mode="parallel_epochs",
+                    service=service,
+                    job_name="coordinated",
+                    consumer_index=c,
+                    num_consumers=2,
+                )
+            )
+            it = iter(ds)
+            got[c] = [int(next(it)) for _ in range(n)]
+
+        threads = [threading.Thread(target=consume, args=(c,)) for c in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in range(2):
+            want = [2 * (j // 2) + c for j in range(n)]
+            check(f"coordinated reads, consumer {c}", got[c] == want, {"got": got[c][:12]})
     elif scenario == "data":
         # Static DATA sharding: worker i reads every element whose index is
         # i modulo the workers; together every element once.

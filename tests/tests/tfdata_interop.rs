@@ -4,8 +4,9 @@
 //! on a follower of three: exact multisets of elements for sharding OFF with
 //! two workers, repeated epochs, a named job shared by two clients, a
 //! registered dataset read by id, DYNAMIC sharding of `range` and
-//! `from_tensor_slices` (every element once), and static DATA sharding over
-//! the node's worker list (every element once); an epoch in flight while the leader is
+//! `from_tensor_slices` (every element once), static DATA sharding over the
+//! node's worker list (every element once), and coordinated reads by two
+//! consumers (round by round from the same worker); an epoch in flight while the leader is
 //! SIGKILLed (clients and workers on a follower, or on a relay whose node is
 //! the one killed) finishes with every element, and a new job runs after it;
 //! clients and workers ride through a whole-cluster SIGKILL and restart on
@@ -233,4 +234,11 @@ fn a_worker_sigkilled_and_restarted_on_its_port_gets_its_task_again() {
             workers.push(back);
         },
     );
+}
+
+#[test]
+fn coordinated_reads_give_two_consumers_their_rounds() {
+    let mut cluster = Cluster::start(1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    run(&mut cluster, &addr, "rr");
 }
