@@ -460,12 +460,82 @@ impl Dispatcher {
         }))
     }
 
+    /// MaybeRemoveTask: once every consumer of the coordinated read asked to
+    /// remove the task at the same round (within 10 s, upstream's
+    /// TaskRemover), the task is removed and every asker hears `removed`.
+    pub async fn maybe_remove_task(
+        &self,
+        origin: Option<Origin>,
+        r: wire::MaybeRemoveTaskRequest,
+    ) -> OnLeader<wire::MaybeRemoveTaskResponse> {
+        let found = self.read(|s| {
+            let d = s.dispatcher();
+            let t = d.task(r.task_id)?;
+            let consumers = d
+                .iteration(t.iteration_id)
+                .and_then(|it| d.job(it.job_id))
+                .and_then(|j| j.num_consumers);
+            Some((t.removed, consumers))
+        });
+        let removed = match found {
+            // Unknown or already removed: nothing left to remove.
+            None | Some((true, _)) => true,
+            Some((false, None)) => false,
+            Some((false, Some(consumers))) => {
+                match self
+                    .duty
+                    .remove_quorum(r.task_id, r.consumer_index, r.round, consumers)
+                    .await
+                {
+                    crate::duties::dispatcher::Quorum::Reached => {
+                        match self
+                            .propose(origin, cmd::RemoveTask { task_id: r.task_id })
+                            .await?
+                        {
+                            Ok(_) => {
+                                self.duty.removed(r.task_id);
+                                true
+                            }
+                            Err(e) => return Ok(Err(e)),
+                        }
+                    }
+                    crate::duties::dispatcher::Quorum::Removed => true,
+                    crate::duties::dispatcher::Quorum::Failed => false,
+                }
+            }
+        };
+        Ok(Ok(wire::MaybeRemoveTaskResponse { removed }))
+    }
+
     /// ClientHeartbeat: the iteration's tasks and whether it finished.
     pub async fn client_heartbeat(
         &self,
+        origin: Option<Origin>,
         r: wire::ClientHeartbeatRequest,
     ) -> OnLeader<wire::ClientHeartbeatResponse> {
         let client = r.iteration_client_id;
+        // A coordinated read with a task waiting to join: the heartbeat's
+        // rounds decide on it (the round-robin protocol), in the journal.
+        let pending = self.read(|s| {
+            let d = s.dispatcher();
+            d.client_iteration(client)
+                .is_some_and(|it| !it.pending.is_empty())
+        });
+        if pending {
+            use wire::client_heartbeat_request::{OptionalBlockedRound, OptionalCurrentRound};
+            let c = cmd::ClientHeartbeat {
+                iteration_client_id: client,
+                current_round: r
+                    .optional_current_round
+                    .map(|OptionalCurrentRound::CurrentRound(x)| x),
+                blocked_round: r
+                    .optional_blocked_round
+                    .map(|OptionalBlockedRound::BlockedRound(x)| x),
+            };
+            if let Err(e) = self.propose(origin, c).await? {
+                return Ok(Err(e));
+            }
+        }
         let answer = self
             .read_confirmed(|s| {
                 let d = s.dispatcher();
@@ -494,7 +564,9 @@ impl Dispatcher {
                 Some(Ok(wire::ClientHeartbeatResponse {
                     task_info,
                     iteration_finished: it.finished,
-                    optional_block_round: None,
+                    optional_block_round: d
+                        .block_round(it)
+                        .map(wire::client_heartbeat_response::OptionalBlockRound::BlockRound),
                     deployment_mode: 0,
                 }))
             })

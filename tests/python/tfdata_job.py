@@ -19,6 +19,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
              element once.
   rr         coordinated reads (num_consumers=2) of an infinite dataset:
              consumer c's j-th element is 2 * (j // 2) + c.
+  rr-join    coordinated reads while the test adds a worker: every round,
+             consumer 1's element is consumer 0's plus one.
   data       static DATA sharding over the dispatcher's worker list: every
              element once.
   slow       one epoch read at 20 elements/s, printing READING after the
@@ -150,6 +152,41 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
         for c in range(2):
             want = [2 * (j // 2) + c for j in range(n)]
             check(f"coordinated reads, consumer {c}", got[c] == want, {"got": got[c][:12]})
+    elif scenario == "rr-join":
+        # Coordinated reads while a worker joins (the test starts it after
+        # READING): every round, both consumers read from the same worker,
+        # so consumer 1's element is consumer 0's plus one, before and after
+        # the new worker's pending task is promoted.
+        got: list[list[int]] = [[], []]
+
+        def consume(c: int) -> None:
+            ds = tf.data.Dataset.range(1 << 40).repeat().apply(
+                dsvc.distribute(
+                    processing_mode="parallel_epochs",
+                    service=service,
+                    job_name="coordinated",
+                    consumer_index=c,
+                    num_consumers=2,
+                )
+            )
+            it = iter(ds)
+            for j in range(n):
+                got[c].append(int(next(it)))
+                if c == 0 and j == 0:
+                    print("READING", flush=True)
+                time.sleep(0.05)
+
+        threads = [threading.Thread(target=consume, args=(c,)) for c in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        pairs_ok = all(b == a + 1 for a, b in zip(got[0], got[1]))
+        check(
+            "coordinated reads across a joining worker",
+            pairs_ok and len(got[0]) == len(got[1]) == n,
+            {"first": got[0][:6], "last": got[0][-6:], "last1": got[1][-6:]},
+        )
     elif scenario == "data":
         # Static DATA sharding: worker i reads every element whose index is
         # i modulo the workers; together every element once.

@@ -315,3 +315,57 @@ async fn without_a_leader_calls_get_unavailable_and_a_follower_forwards() {
         9
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_removed_once_every_consumer_asks_for_the_same_round() {
+    let cluster = Cluster::start(1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    let mut c = client(&addr).await;
+    c.worker_heartbeat(heartbeat("w:1", &[])).await.unwrap();
+    let ds = register(&mut c).await;
+    let mut rr = job(&ds, 0);
+    rr.optional_num_consumers =
+        Some(get_or_create_job_request::OptionalNumConsumers::NumConsumers(2));
+    let job_id = c.get_or_create_job(rr).await.unwrap().into_inner().job_id;
+    c.get_or_create_iteration(GetOrCreateIterationRequest {
+        job_id,
+        repetition: 1,
+    })
+    .await
+    .unwrap();
+    let task_id = c
+        .worker_heartbeat(heartbeat("w:1", &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .new_tasks[0]
+        .task_id;
+    let ask = |consumer_index, round| {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            client(&addr)
+                .await
+                .maybe_remove_task(MaybeRemoveTaskRequest {
+                    task_id,
+                    consumer_index,
+                    round,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .removed
+        })
+    };
+    // Consumers asking for different rounds remove nothing.
+    let (a, b) = (ask(0, 5), ask(1, 6));
+    assert_eq!((a.await.unwrap(), b.await.unwrap()), (false, false));
+    // Both asking for the same round: removed, for both.
+    let (a, b) = (ask(0, 7), ask(1, 7));
+    assert_eq!((a.await.unwrap(), b.await.unwrap()), (true, true));
+    let hb = c
+        .worker_heartbeat(heartbeat("w:1", &[task_id]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(hb.tasks_to_delete, vec![task_id], "the worker drops it");
+}

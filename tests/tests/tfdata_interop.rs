@@ -242,3 +242,47 @@ fn coordinated_reads_give_two_consumers_their_rounds() {
     let addr = cluster.nodes[0].addr.clone();
     run(&mut cluster, &addr, "rr");
 }
+
+#[test]
+fn a_worker_joins_a_running_coordinated_read_through_a_pending_task() {
+    let cluster = Cluster::start(1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    let mut first = worker(&cluster, &addr, "0");
+    first.wait_line("READY", WAIT);
+    let mut client = spawn(
+        &cluster,
+        &[
+            "client",
+            "--dispatcher",
+            &addr,
+            "--scenario",
+            "rr-join",
+            "--workers",
+            "1",
+            "--n",
+            "200",
+            "--deadline",
+            "200",
+        ],
+    );
+    client.wait_line("READING", WAIT);
+    let mut second = worker(&cluster, &addr, "0");
+    second.wait_line("READY", WAIT);
+    let status = client.wait_exit(RUN);
+    assert!(
+        status.success() && client.failed_checks().is_empty(),
+        "{status}\n{}\n{}\n{}\n{}",
+        client.report(),
+        first.report(),
+        second.report(),
+        cluster.logs()
+    );
+    // The new worker's task was promoted into the read: two tasks, none
+    // pending.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(wait_state(&addr, WAIT, |s| {
+        let d = s.dispatcher();
+        d.iterations()
+            .any(|it| it.tasks.len() == 2 && it.pending.is_empty())
+    }));
+}

@@ -9,9 +9,9 @@
 //! jobs, repetitions, iteration clients, task completion, compression
 //! decisions, journaled garbage collection, and DYNAMIC sharding of a
 //! source the service can describe as a [`pb::dispatcher::SplitSource`]
-//! (every split handed out once, journaled). Coordinated reads
-//! (`num_consumers`) get their tasks at creation; the pending-task protocol
-//! for workers that join later and snapshots are not served yet.
+//! (every split handed out once, journaled), and coordinated reads
+//! (`num_consumers`) with the pending-task protocol for workers that join
+//! later and task removal. Snapshots are not served yet.
 
 pub mod errors;
 
@@ -125,13 +125,43 @@ impl<'a> Reader<'a> {
             .collect()
     }
 
-    /// The unfinished tasks a worker runs, by id.
+    /// The tasks a worker runs (unfinished, not removed; pending ones
+    /// included), by id.
     pub fn worker_tasks(&self, address: &str) -> Vec<&'a Task> {
         self.data
             .tasks
             .values()
-            .filter(|t| t.worker_address == address && !t.finished)
+            .filter(|t| t.worker_address == address && !t.finished && !t.removed)
             .collect()
+    }
+
+    /// The running coordinated reads a worker has no live task of (a new
+    /// worker, or one whose task was removed): each gets a pending task.
+    fn coordinated_reads_without(&self, address: &str) -> Vec<i64> {
+        let mine: Vec<i64> = self
+            .worker_tasks(address)
+            .iter()
+            .map(|t| t.iteration_id)
+            .collect();
+        self.data
+            .iterations
+            .values()
+            .filter(|it| !it.finished && !it.garbage_collected)
+            .filter(|it| {
+                self.data
+                    .jobs
+                    .get(&it.job_id)
+                    .is_some_and(|j| j.num_consumers.is_some())
+            })
+            .filter(|it| !mine.contains(&it.id))
+            .map(|it| it.id)
+            .collect()
+    }
+
+    /// The round a coordinated read's clients are told to block at: the
+    /// front pending task's target.
+    pub fn block_round(&self, iteration: &Iteration) -> Option<i64> {
+        iteration.pending.first().map(|p| p.target_round)
     }
 
     /// What GetOrCreateJob answers for a name that exists: its id when the
@@ -175,7 +205,10 @@ impl<'a> Reader<'a> {
         match self.worker(&hb.address) {
             None => true,
             Some(w) => {
-                w.transfer_servers != hb.transfer_servers || w.tags != hb.tags || w.uid != hb.uid
+                w.transfer_servers != hb.transfer_servers
+                    || w.tags != hb.tags
+                    || w.uid != hb.uid
+                    || !self.coordinated_reads_without(&hb.address).is_empty()
             }
         }
     }
@@ -340,6 +373,7 @@ impl Writer<'_, '_> {
                 worker_address,
                 finished: false,
                 starting_round: 0,
+                removed: false,
             },
         );
         id
@@ -358,6 +392,9 @@ impl Writer<'_, '_> {
 
     fn worker_heartbeat(&mut self, hb: &pb::dispatcher::WorkerHeartbeat) -> Outcome {
         let known = self.data.workers.contains_key(&hb.address);
+        // Coordinated reads take a worker in through a pending task (new,
+        // or back after its task was removed).
+        let coordinated = Reader { data: self.data }.coordinated_reads_without(&hb.address);
         self.data.workers.insert(
             hb.address.clone(),
             Worker {
@@ -388,6 +425,17 @@ impl Writer<'_, '_> {
                 if let Some(it) = self.data.iterations.get_mut(&iteration) {
                     it.tasks.push(task);
                 }
+            }
+        }
+        for iteration in coordinated {
+            let task = self.create_task(iteration, hb.address.clone());
+            if let Some(it) = self.data.iterations.get_mut(&iteration) {
+                it.pending.push(pb::dispatcher::PendingTask {
+                    task_id: task,
+                    target_round: 1,
+                    ready_consumers: Vec::new(),
+                    failures: 0,
+                });
             }
         }
         let ids = Reader { data: self.data }
@@ -476,6 +524,70 @@ impl Writer<'_, '_> {
         }))
     }
 
+    /// The round-robin protocol's decision on the front pending task of the
+    /// client's iteration (upstream's ClientHeartbeatUpdate).
+    fn client_heartbeat(&mut self, c: &pb::dispatcher::ClientHeartbeat) -> Outcome {
+        let client = c.iteration_client_id;
+        let Some(&iteration) = self.data.clients.get(&client) else {
+            return Outcome::err(errors::unknown_client(client));
+        };
+        let consumers = self
+            .data
+            .iterations
+            .get(&iteration)
+            .and_then(|it| self.data.jobs.get(&it.job_id))
+            .and_then(|j| j.num_consumers)
+            .unwrap_or(1);
+        let Some(it) = self.data.iterations.get_mut(&iteration) else {
+            return Outcome::ok();
+        };
+        let Some(front) = it.pending.first_mut() else {
+            return Outcome::ok();
+        };
+        if let Some(current) = c.current_round {
+            if current >= front.target_round {
+                // Too late for this round: aim further ahead, twice as far
+                // each time, and start collecting acceptances again.
+                let delta = 2i64.saturating_mul(1i64 << front.failures.clamp(0, 30));
+                front.target_round = current.saturating_add(delta);
+                front.failures += 1;
+                front.ready_consumers.clear();
+                return Outcome::ok();
+            }
+        }
+        if let Some(blocked) = c.blocked_round {
+            if blocked <= front.target_round && !front.ready_consumers.contains(&client) {
+                front.ready_consumers.push(client);
+            }
+        }
+        if front.ready_consumers.len() as i64 >= consumers {
+            let promoted = it.pending.remove(0);
+            it.tasks.push(promoted.task_id);
+            if let Some(t) = self.data.tasks.get_mut(&promoted.task_id) {
+                t.starting_round = promoted.target_round;
+            }
+        }
+        Outcome::ok()
+    }
+
+    /// MaybeRemoveTask after every consumer asked: the task leaves its
+    /// iteration and its worker.
+    fn remove_task(&mut self, task_id: i64) -> Outcome {
+        let Some(task) = self.data.tasks.get_mut(&task_id) else {
+            return Outcome::ok();
+        };
+        if task.removed {
+            return Outcome::ok();
+        }
+        task.removed = true;
+        let iteration = task.iteration_id;
+        if let Some(it) = self.data.iterations.get_mut(&iteration) {
+            it.tasks.retain(|t| *t != task_id);
+            it.pending.retain(|p| p.task_id != task_id);
+        }
+        Outcome::ok()
+    }
+
     fn garbage_collect_iteration(&mut self, id: i64, released_at_ms: u64) -> Outcome {
         let Some(it) = self.data.iterations.get_mut(&id) else {
             return Outcome::ok();
@@ -532,6 +644,8 @@ impl Area for Data {
                 w.garbage_collect_iteration(c.iteration_id, c.released_at_ms)
             }
             Command::ProduceSplit(c) => w.produce_split(c),
+            Command::ClientHeartbeat(c) => w.client_heartbeat(c),
+            Command::RemoveTask(c) => w.remove_task(c.task_id),
         }
     }
 
@@ -633,10 +747,13 @@ impl Outcome {
     }
 }
 
-/// Whether a client may propose `command`. Garbage collection is the
-/// leader runtime's.
+/// Whether a client may propose `command`. Garbage collection and task
+/// removal (decided by a quorum of consumers) are the leader's.
 pub fn client_proposable(command: &Command) -> bool {
-    !matches!(command, Command::GarbageCollectIteration(_))
+    !matches!(
+        command,
+        Command::GarbageCollectIteration(_) | Command::RemoveTask(_)
+    )
 }
 
 impl From<Command> for update::Command {
@@ -681,4 +798,6 @@ command_into_update!(
     DisableCompression,
     GarbageCollectIteration,
     ProduceSplit,
+    ClientHeartbeat,
+    RemoveTask,
 );

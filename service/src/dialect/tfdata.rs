@@ -209,12 +209,15 @@ impl DispatcherService for TfDataService {
 
     async fn maybe_remove_task(
         &self,
-        _req: Request<MaybeRemoveTaskRequest>,
+        req: Request<MaybeRemoveTaskRequest>,
     ) -> Result<Response<MaybeRemoveTaskResponse>, Status> {
-        // The task-removal quorum of coordinated reads is not served yet:
-        // never removed, the consumers keep retrying the worker (upstream's
-        // answer on a quorum timeout).
-        Ok(Response::new(MaybeRemoveTaskResponse { removed: false }))
+        self.on_leader(
+            req,
+            true,
+            |d, o, r| async move { d.maybe_remove_task(o, r).await },
+            |mut c, r| async move { c.maybe_remove_task(r).await },
+        )
+        .await
     }
 
     async fn release_iteration_client(
@@ -236,8 +239,8 @@ impl DispatcherService for TfDataService {
     ) -> Result<Response<ClientHeartbeatResponse>, Status> {
         self.on_leader(
             req,
-            false,
-            |d, _, r| async move { d.client_heartbeat(r).await },
+            true,
+            |d, o, r| async move { d.client_heartbeat(o, r).await },
             |mut c, r| async move { c.client_heartbeat(r).await },
         )
         .await

@@ -20,6 +20,28 @@ use crate::leader::{now_ms, LocalLeader};
 /// How often the timeouts are checked (upstream: every 10 minutes).
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// How long MaybeRemoveTask waits for every consumer (upstream: 10 s).
+pub const REMOVE_QUORUM_WAIT: Duration = Duration::from_secs(10);
+
+/// What a MaybeRemoveTask request learns from the quorum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quorum {
+    /// This request completed it: propose the removal.
+    Reached,
+    /// Another request completed it and the task was removed.
+    Removed,
+    /// A different round was asked, or not every consumer asked in time.
+    Failed,
+}
+
+/// The consumers that asked to remove one task, at one round.
+struct RemoveRequests {
+    round: i64,
+    consumers: std::collections::BTreeSet<i64>,
+    done: std::sync::Arc<tokio::sync::Notify>,
+    removed: bool,
+}
+
 /// The leader's memory of tf.data clients.
 pub struct DispatcherDuty {
     config: TfDataConfig,
@@ -27,6 +49,9 @@ pub struct DispatcherDuty {
     /// yet; never timed out, as upstream).
     clients: Mutex<HashMap<i64, Option<Instant>>>,
     last_check: Mutex<Option<Instant>>,
+    /// MaybeRemoveTask quorums in progress, by task (lost on a leader
+    /// change; the consumers ask again).
+    removals: Mutex<HashMap<i64, RemoveRequests>>,
 }
 
 impl DispatcherDuty {
@@ -36,6 +61,70 @@ impl DispatcherDuty {
             config,
             clients: Mutex::default(),
             last_check: Mutex::default(),
+            removals: Mutex::default(),
+        }
+    }
+
+    fn removals(&self) -> std::sync::MutexGuard<'_, HashMap<i64, RemoveRequests>> {
+        self.removals.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts `consumer`'s request to remove `task` at `round`; waits (up to
+    /// [`REMOVE_QUORUM_WAIT`]) until all `consumers` asked for that round.
+    pub async fn remove_quorum(
+        &self,
+        task: i64,
+        consumer: i64,
+        round: i64,
+        consumers: i64,
+    ) -> Quorum {
+        let done = {
+            let mut all = self.removals();
+            let r = all.entry(task).or_insert_with(|| RemoveRequests {
+                round,
+                consumers: Default::default(),
+                done: Default::default(),
+                removed: false,
+            });
+            if r.removed {
+                return Quorum::Removed;
+            }
+            if r.round != round {
+                return Quorum::Failed;
+            }
+            r.consumers.insert(consumer);
+            if r.consumers.len() as i64 >= consumers {
+                return Quorum::Reached;
+            }
+            r.done.clone()
+        };
+        // Registered before the flag is read again, so a removal between
+        // the two is not missed.
+        let notified = done.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.removals().get(&task).is_some_and(|r| r.removed) {
+            return Quorum::Removed;
+        }
+        let _ = tokio::time::timeout(REMOVE_QUORUM_WAIT, notified).await;
+        let mut all = self.removals();
+        match all.get(&task) {
+            Some(r) if r.removed => Quorum::Removed,
+            Some(_) => {
+                // Not every consumer asked in time: start over.
+                all.remove(&task);
+                Quorum::Failed
+            }
+            None => Quorum::Failed,
+        }
+    }
+
+    /// The quorum's removal was applied: every waiting request hears it.
+    pub fn removed(&self, task: i64) {
+        let mut all = self.removals();
+        if let Some(r) = all.get_mut(&task) {
+            r.removed = true;
+            r.done.notify_waiters();
         }
     }
 
@@ -150,5 +239,6 @@ impl Duty for DispatcherDuty {
 
     fn on_step_down(&self) {
         self.clients().clear();
+        self.removals().clear();
     }
 }
