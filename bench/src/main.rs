@@ -137,6 +137,9 @@ enum Suite {
         /// Calls per kind.
         #[arg(long, default_value_t = 500)]
         iterations: usize,
+        /// Journal entries before the restart measurement (0: skip it).
+        #[arg(long, default_value_t = 100_000)]
+        history: usize,
     },
 }
 
@@ -257,11 +260,33 @@ async fn run() -> anyhow::Result<()> {
             eprintln!("results: {}", path.display());
             return Ok(());
         }
-        Suite::Tfdata { iterations } => {
+        Suite::Tfdata {
+            iterations,
+            history,
+        } => {
             let rows = tfdata::run(iterations).await?;
+            let restarts = if history > 0 {
+                tfdata::restart(history).await?
+            } else {
+                Vec::new()
+            };
             let path = cli.out.join(format!("tfdata-{stamp}.json"));
-            std::fs::write(&path, serde_json::to_string_pretty(&rows)?)?;
-            let md = tfdata::table(&rows);
+            std::fs::write(
+                &path,
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"calls": rows, "restart": restarts}),
+                )?,
+            )?;
+            let mut md = tfdata::table(&rows);
+            md.push_str(
+                "\n| restart after N journal entries | N | serving after, ms |\n|---|---|---|\n",
+            );
+            for r in &restarts {
+                md.push_str(&format!(
+                    "| {} | {} | {:.0} |\n",
+                    r.peer, r.entries, r.serving_ms
+                ));
+            }
             std::fs::write(cli.out.join("tfdata.md"), &md)?;
             println!("{md}");
             eprintln!("results: {}", path.display());

@@ -208,6 +208,131 @@ async fn split_throughput(
     Ok((SPLIT_CALLERS * per_caller) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Restart after a history of `entries` journaled jobs.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RestartRow {
+    /// Peer name.
+    pub peer: String,
+    /// Journal entries written before the restart.
+    pub entries: usize,
+    /// From the restart to serving, ms (TF: the DispatchServer constructor,
+    /// which replays its journal; coordstore: from spawning the process to
+    /// its first answered call that needs the leader).
+    pub serving_ms: f64,
+}
+
+/// Writes `entries` journal entries through `addr` (anonymous
+/// GetOrCreateJob calls, one new job each) from 32 callers.
+async fn fill(addr: &str, dataset_id: &str, entries: usize) -> anyhow::Result<()> {
+    let c = DispatcherServiceClient::new(wire::channel(addr).await);
+    let callers = 32;
+    let mut tasks = Vec::new();
+    for k in 0..callers {
+        let mut c = c.clone();
+        let dataset_id = dataset_id.to_string();
+        let n = entries / callers + usize::from(k < entries % callers);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..n {
+                c.get_or_create_job(GetOrCreateJobRequest {
+                    dataset_id: dataset_id.clone(),
+                    processing_mode_def: Some(ProcessingModeDef { sharding_policy: 0 }),
+                    ..Default::default()
+                })
+                .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn register_off(addr: &str, def: &[u8]) -> anyhow::Result<String> {
+    let mut c = DispatcherServiceClient::new(wire::channel(addr).await);
+    Ok(c.get_or_register_dataset(GetOrRegisterDatasetRequest {
+        dataset: def.to_vec().into(),
+        metadata: b"\x10\x01".to_vec().into(),
+        optional_dataset_id: None,
+    })
+    .await?
+    .into_inner()
+    .dataset_id)
+}
+
+/// Restart with `entries` of history: TF's fault-tolerant dispatcher and a
+/// coordstore node.
+pub async fn restart(entries: usize) -> anyhow::Result<Vec<RestartRow>> {
+    let mut rows = Vec::new();
+    let work = tempfile::tempdir()?;
+    let (tf, addr, def) = tf_dispatcher(Some(work.path()))?;
+    let ds = register_off(&addr, &def).await?;
+    fill(&addr, &ds, entries).await?;
+    drop(tf);
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+    let args = vec![
+        "--port".to_string(),
+        port,
+        "--work-dir".to_string(),
+        work.path().display().to_string(),
+    ];
+    let mut again = PyProc::spawn_with(
+        &tf_python(),
+        "tfdata_dispatcher.py",
+        &args,
+        &std::env::temp_dir(),
+        &[],
+    );
+    again.wait_line("READY", Duration::from_secs(300));
+    let seconds: f64 = again
+        .lines()
+        .iter()
+        .find_map(|l| l.strip_prefix("STARTED ").map(str::to_string))
+        .ok_or_else(|| anyhow::anyhow!("no STARTED line"))?
+        .parse()?;
+    rows.push(RestartRow {
+        peer: "TF 2.21 dispatcher, fault tolerant".into(),
+        entries,
+        serving_ms: seconds * 1000.0,
+    });
+    drop(again);
+
+    let mut cluster = Cluster::start(1, &[]);
+    cluster.wait_leader(&[0], Duration::from_secs(60)).await;
+    let addr = cluster.nodes[0].addr.clone();
+    let ds = register_off(&addr, &def).await?;
+    fill(&addr, &ds, entries).await?;
+    cluster.kill(0);
+    let started = Instant::now();
+    cluster.restart(0);
+    // Serving: a call that needs the leader and the replayed state answers.
+    let probe = GetDataServiceMetadataRequest { dataset_id: ds };
+    loop {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_millis(200))
+            .connect()
+            .await;
+        if let Ok(ch) = ch {
+            if DispatcherServiceClient::new(ch)
+                .get_data_service_metadata(probe.clone())
+                .await
+                .is_ok()
+            {
+                break;
+            }
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "not serving");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    rows.push(RestartRow {
+        peer: "coordstore 1 node".into(),
+        entries,
+        serving_ms: started.elapsed().as_secs_f64() * 1000.0,
+    });
+    Ok(rows)
+}
+
 /// Runs every peer.
 pub async fn run(iterations: usize) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
