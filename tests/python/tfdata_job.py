@@ -174,7 +174,9 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
                 got[c].append(int(next(it)))
                 if c == 0 and j == 0:
                     print("READING", flush=True)
-                time.sleep(0.05)
+                # 10 rounds/s: the joining worker's pending task is promoted
+                # well before the reads end, even on a slow machine.
+                time.sleep(0.1)
 
         threads = [threading.Thread(target=consume, args=(c,)) for c in range(2)]
         for t in threads:

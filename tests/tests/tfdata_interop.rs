@@ -260,7 +260,7 @@ fn a_worker_joins_a_running_coordinated_read_through_a_pending_task() {
             "--workers",
             "1",
             "--n",
-            "200",
+            "300",
             "--deadline",
             "200",
         ],
