@@ -270,11 +270,12 @@ async fn run() -> anyhow::Result<()> {
             } else {
                 Vec::new()
             };
+            let stalls = tfdata::stall().await?;
             let path = cli.out.join(format!("tfdata-{stamp}.json"));
             std::fs::write(
                 &path,
                 serde_json::to_string_pretty(
-                    &serde_json::json!({"calls": rows, "restart": restarts}),
+                    &serde_json::json!({"calls": rows, "restart": restarts, "stall": stalls}),
                 )?,
             )?;
             let mut md = tfdata::table(&rows);
@@ -285,6 +286,15 @@ async fn run() -> anyhow::Result<()> {
                 md.push_str(&format!(
                     "| {} | {} | {:.0} |\n",
                     r.peer, r.entries, r.serving_ms
+                ));
+            }
+            md.push_str(
+                "\n| dispatcher death at 90% of an epoch | longest wait for an element, s | last element to the epoch's end, s |\n|---|---|---|\n",
+            );
+            for r in &stalls {
+                md.push_str(&format!(
+                    "| {} | {:.2} | {:.2} |\n",
+                    r.peer, r.max_gap_s, r.end_s
                 ));
             }
             std::fs::write(cli.out.join("tfdata.md"), &md)?;

@@ -333,6 +333,140 @@ pub async fn restart(entries: usize) -> anyhow::Result<Vec<RestartRow>> {
     Ok(rows)
 }
 
+/// How long a reading client stalls when the dispatcher dies near the end
+/// of an epoch.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StallRow {
+    /// Peer name.
+    pub peer: String,
+    /// The longest wait for an element, s.
+    pub max_gap_s: f64,
+    /// From the last element to the epoch's end, s.
+    pub end_s: f64,
+}
+
+fn job_args(dispatcher: &str) -> Vec<String> {
+    [
+        "client",
+        "--dispatcher",
+        dispatcher,
+        "--scenario",
+        "slow",
+        "--workers",
+        "2",
+        "--n",
+        "40",
+        "--deadline",
+        "200",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn worker_proc(dispatcher: &str) -> PyProc {
+    let args: Vec<String> = ["worker", "--dispatcher", dispatcher]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    PyProc::spawn_with(
+        &tf_python(),
+        "tfdata_job.py",
+        &args,
+        &std::env::temp_dir(),
+        &[],
+    )
+}
+
+/// Two workers and a slow client on `dispatcher`; `kill` runs when the
+/// client is 90% through its epoch. The client's stall line.
+fn stall_of(dispatcher: &str, kill: impl FnOnce()) -> anyhow::Result<(f64, f64)> {
+    let mut workers = [worker_proc(dispatcher), worker_proc(dispatcher)];
+    for w in &mut workers {
+        w.wait_line("READY", Duration::from_secs(120));
+    }
+    let mut client = PyProc::spawn_with(
+        &tf_python(),
+        "tfdata_job.py",
+        &job_args(dispatcher),
+        &std::env::temp_dir(),
+        &[],
+    );
+    client.wait_line("NEAR_END", Duration::from_secs(120));
+    kill();
+    let status = client.wait_exit(Duration::from_secs(240));
+    anyhow::ensure!(
+        status.success() && client.failed_checks().is_empty(),
+        "the client failed: {}",
+        client.report()
+    );
+    let line = client
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("\"check\": \"stall\""))
+        .ok_or_else(|| anyhow::anyhow!("no stall line"))?;
+    let v: serde_json::Value = serde_json::from_str(&line)?;
+    let f = |k: &str| v["detail"][k].as_f64().unwrap_or(f64::NAN);
+    Ok((f("max_gap_s"), f("end_s")))
+}
+
+/// The stall across a dispatcher death near an epoch's end: coordstore's
+/// leader SIGKILLed (clients and workers on a follower), and TF's
+/// fault-tolerant dispatcher SIGKILLed and restarted 2 s later on its work
+/// dir (what a process manager does).
+pub async fn stall() -> anyhow::Result<Vec<StallRow>> {
+    let mut rows = Vec::new();
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(60))
+        .await;
+    let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
+    let pid = cluster.nodes[leader].pid().unwrap_or_default() as i32;
+    let (gap, end) = stall_of(&follower, || {
+        // SAFETY: kill(2) on the node process this run started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    })?;
+    cluster.kill(leader);
+    rows.push(StallRow {
+        peer: "coordstore 3 nodes, leader SIGKILLed".into(),
+        max_gap_s: gap,
+        end_s: end,
+    });
+    drop(cluster);
+
+    let work = tempfile::tempdir()?;
+    let (tf, addr, _) = tf_dispatcher(Some(work.path()))?;
+    let tf = std::cell::RefCell::new(Some(tf));
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+    let restarted = std::cell::RefCell::new(None);
+    let (gap, end) = stall_of(&addr, || {
+        drop(tf.borrow_mut().take());
+        let args = vec![
+            "--port".to_string(),
+            port.clone(),
+            "--work-dir".to_string(),
+            work.path().display().to_string(),
+        ];
+        // Spawned from this thread: a child dies with the thread that
+        // started it (PR_SET_PDEATHSIG).
+        std::thread::sleep(Duration::from_secs(2));
+        *restarted.borrow_mut() = Some(PyProc::spawn_with(
+            &tf_python(),
+            "tfdata_dispatcher.py",
+            &args,
+            &std::env::temp_dir(),
+            &[],
+        ));
+    })?;
+    drop(restarted.borrow_mut().take());
+    rows.push(StallRow {
+        peer: "TF 2.21 dispatcher, fault tolerant, SIGKILLed and restarted after 2 s".into(),
+        max_gap_s: gap,
+        end_s: end,
+    });
+    Ok(rows)
+}
+
 /// Runs every peer.
 pub async fn run(iterations: usize) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();

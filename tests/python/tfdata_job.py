@@ -24,7 +24,9 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
   data       static DATA sharding over the dispatcher's worker list: every
              element once.
   slow       one epoch read at 20 elements/s, printing READING after the
-             first element: every element W times.
+             first element and NEAR_END at 90%: every element W times; a
+             "stall" line gives the longest wait for an element and the wait
+             from the last element to the epoch's end.
   slow-restart  as slow while a worker restarts: every element W times plus
              one repeat of a prefix.
 
@@ -203,12 +205,33 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
             dsvc.distribute(processing_mode="parallel_epochs", service=service)
         )
         got = []
+        stamps = [time.monotonic()]
         for x in ds:
             got.append(int(x))
+            stamps.append(time.monotonic())
             if len(got) == 1:
                 print("READING", flush=True)
+            if len(got) == (9 * n * w) // 10:
+                print("NEAR_END", flush=True)
             time.sleep(0.05)
+        ended = time.monotonic()
+        # The longest wait for the next element (the pacing sleep excluded),
+        # and from the last element to the epoch's end.
+        gaps = [b - a - 0.05 for a, b in zip(stamps[1:], stamps[2:])] or [0.0]
         expect("slow epoch across a leader kill", got, n, w)
+        print(
+            json.dumps(
+                {
+                    "check": "stall",
+                    "ok": True,
+                    "detail": {
+                        "max_gap_s": round(max(gaps), 3),
+                        "end_s": round(ended - stamps[-1] - 0.05, 3),
+                    },
+                }
+            ),
+            flush=True,
+        )
     elif scenario == "slow-restart":
         # As `slow`, while the test SIGKILLs worker 0 and restarts it on its
         # port: the restarted worker runs its task again from the start, so
