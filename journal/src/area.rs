@@ -60,3 +60,40 @@ pub trait Area {
     /// a snapshot that would make a later apply panic is refused on install.
     fn check_snapshot(&self, cluster: Cluster<'_>) -> Result<(), String>;
 }
+
+/// The conversions an area's commands get: each command message into the
+/// area's oneof, into `update::Command` and into an `Update`, so callers
+/// write `Update::from(KvInsert { .. })`. `$area` is the area's prost module
+/// (`pb::$area`) and `$variant` its arm of `Update.command`.
+macro_rules! area_commands {
+    ($area:ident, $variant:ident, $($t:ident),* $(,)?) => {
+        impl From<crate::pb::$area::command::Command> for crate::pb::update::Command {
+            fn from(c: crate::pb::$area::command::Command) -> Self {
+                crate::pb::update::Command::$variant(crate::pb::$area::Command { command: Some(c) })
+            }
+        }
+        impl From<crate::pb::$area::command::Command> for crate::pb::Update {
+            fn from(c: crate::pb::$area::command::Command) -> Self {
+                crate::pb::Update::from(crate::pb::update::Command::from(c))
+            }
+        }
+        $(
+            impl From<crate::pb::$area::$t> for crate::pb::$area::command::Command {
+                fn from(c: crate::pb::$area::$t) -> Self {
+                    crate::pb::$area::command::Command::$t(c)
+                }
+            }
+            impl From<crate::pb::$area::$t> for crate::pb::update::Command {
+                fn from(c: crate::pb::$area::$t) -> Self {
+                    crate::pb::update::Command::from(crate::pb::$area::command::Command::$t(c))
+                }
+            }
+            impl From<crate::pb::$area::$t> for crate::pb::Update {
+                fn from(c: crate::pb::$area::$t) -> Self {
+                    crate::pb::Update::from(crate::pb::$area::command::Command::$t(c))
+                }
+            }
+        )*
+    };
+}
+pub(crate) use area_commands;

@@ -25,7 +25,7 @@ pub use tasks::{HeartbeatCheck, WAIT_FOR_ALL_TASKS_TIMEOUT_MS};
 use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::pb::coordination::{command::Command, reply::Reply, TaskEntry};
-use crate::pb::{self, outcome, update, DomainError, Outcome, Update};
+use crate::pb::{self, outcome, DomainError, Outcome};
 use errors::UnknownTaskIn;
 
 /// The coordination area, read-only: its state and the shared view.
@@ -256,39 +256,9 @@ pub fn client_proposable(command: &Command) -> bool {
     }
 }
 
-impl From<Command> for update::Command {
-    fn from(c: Command) -> Self {
-        update::Command::Coordination(pb::coordination::Command { command: Some(c) })
-    }
-}
-
-impl From<Command> for Update {
-    fn from(c: Command) -> Self {
-        Update::from(update::Command::from(c))
-    }
-}
-
-macro_rules! command_into_update {
-    ($($t:ident),* $(,)?) => {$(
-        impl From<pb::coordination::$t> for Command {
-            fn from(c: pb::coordination::$t) -> Self {
-                Command::$t(c)
-            }
-        }
-        impl From<pb::coordination::$t> for update::Command {
-            fn from(c: pb::coordination::$t) -> Self {
-                update::Command::from(Command::$t(c))
-            }
-        }
-        impl From<pb::coordination::$t> for Update {
-            fn from(c: pb::coordination::$t) -> Self {
-                Update::from(Command::$t(c))
-            }
-        }
-    )*};
-}
-
-command_into_update!(
+crate::area::area_commands!(
+    coordination,
+    Coordination,
     RegisterTask,
     Heartbeat,
     TasksUnhealthy,

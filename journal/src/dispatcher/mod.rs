@@ -22,7 +22,7 @@ pub use crate::pb::dispatcher::{Data, Dataset, Iteration, Job, Task, Worker};
 use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::pb::dispatcher::{command::Command, reply::Reply, AcquiredClient, TaskIds};
-use crate::pb::{self, outcome, update, Outcome, Update};
+use crate::pb::{self, outcome, Outcome};
 
 /// Largest dataset definition (serialized `DatasetDef`) a dataset may have.
 pub const MAX_DATASET_DEF_BYTES: usize = 64 << 20;
@@ -756,39 +756,9 @@ pub fn client_proposable(command: &Command) -> bool {
     )
 }
 
-impl From<Command> for update::Command {
-    fn from(c: Command) -> Self {
-        update::Command::Dispatcher(pb::dispatcher::Command { command: Some(c) })
-    }
-}
-
-impl From<Command> for Update {
-    fn from(c: Command) -> Self {
-        Update::from(update::Command::from(c))
-    }
-}
-
-macro_rules! command_into_update {
-    ($($t:ident),* $(,)?) => {$(
-        impl From<pb::dispatcher::$t> for Command {
-            fn from(c: pb::dispatcher::$t) -> Self {
-                Command::$t(c)
-            }
-        }
-        impl From<pb::dispatcher::$t> for update::Command {
-            fn from(c: pb::dispatcher::$t) -> Self {
-                update::Command::from(Command::$t(c))
-            }
-        }
-        impl From<pb::dispatcher::$t> for Update {
-            fn from(c: pb::dispatcher::$t) -> Self {
-                Update::from(Command::$t(c))
-            }
-        }
-    )*};
-}
-
-command_into_update!(
+crate::area::area_commands!(
+    dispatcher,
+    Dispatcher,
     RegisterDataset,
     GetOrCreateJob,
     GetOrCreateIteration,
