@@ -140,6 +140,13 @@ enum Suite {
         /// Journal entries before the restart measurement (0: skip it).
         #[arg(long, default_value_t = 100_000)]
         history: usize,
+        /// Runs of the stall across a dispatcher death, per peer (0: skip it).
+        #[arg(long, default_value_t = 3)]
+        stall_runs: usize,
+        /// Skip the call latencies and time to the first element (to run
+        /// only the restart and stall parts).
+        #[arg(long)]
+        no_calls: bool,
     },
 }
 
@@ -263,22 +270,46 @@ async fn run() -> anyhow::Result<()> {
         Suite::Tfdata {
             iterations,
             history,
+            stall_runs,
+            no_calls,
         } => {
-            let rows = tfdata::run(iterations).await?;
+            let (rows, firsts) = if no_calls {
+                (Vec::new(), Vec::new())
+            } else {
+                (
+                    tfdata::run(iterations).await?,
+                    tfdata::first_element().await?,
+                )
+            };
             let restarts = if history > 0 {
                 tfdata::restart(history).await?
             } else {
                 Vec::new()
             };
-            let stalls = tfdata::stall().await?;
+            let stalls = if stall_runs > 0 {
+                tfdata::stall(stall_runs).await?
+            } else {
+                Vec::new()
+            };
             let path = cli.out.join(format!("tfdata-{stamp}.json"));
             std::fs::write(
                 &path,
                 serde_json::to_string_pretty(
-                    &serde_json::json!({"calls": rows, "restart": restarts, "stall": stalls}),
+                    &serde_json::json!({"calls": rows, "first_element": firsts, "restart": restarts, "stall": stalls}),
                 )?,
             )?;
             let mut md = tfdata::table(&rows);
+            md.push_str(
+                "\n| distribute() to the first element (fresh job, 2 workers, 10 jobs) | p50, ms | max, ms |\n|---|---|---|\n",
+            );
+            for r in &firsts {
+                md.push_str(&format!(
+                    "| {} | {:.0} | {:.0} |\n",
+                    r.peer,
+                    r.p50_s * 1000.0,
+                    r.max_s * 1000.0
+                ));
+            }
             md.push_str(
                 "\n| restart after N journal entries | N | serving after, ms |\n|---|---|---|\n",
             );
@@ -289,12 +320,16 @@ async fn run() -> anyhow::Result<()> {
                 ));
             }
             md.push_str(
-                "\n| dispatcher death at 90% of an epoch | longest wait for an element, s | last element to the epoch's end, s |\n|---|---|---|\n",
+                "\n| dispatcher death at 90% of an epoch | runs | longest wait for an element, s | last element to the epoch's end: median / worst, s |\n|---|---|---|---|\n",
             );
             for r in &stalls {
                 md.push_str(&format!(
-                    "| {} | {:.2} | {:.2} |\n",
-                    r.peer, r.max_gap_s, r.end_s
+                    "| {} | {} | {:.2} | {:.2} / {:.2} |\n",
+                    r.peer,
+                    r.end_s.len(),
+                    r.max_gap_s,
+                    r.end_p50(),
+                    r.end_max()
                 ));
             }
             std::fs::write(cli.out.join("tfdata.md"), &md)?;

@@ -334,15 +334,29 @@ pub async fn restart(entries: usize) -> anyhow::Result<Vec<RestartRow>> {
 }
 
 /// How long a reading client stalls when the dispatcher dies near the end
-/// of an epoch.
+/// of an epoch, over several runs.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StallRow {
     /// Peer name.
     pub peer: String,
-    /// The longest wait for an element, s.
+    /// The longest wait for an element in any run, s.
     pub max_gap_s: f64,
-    /// From the last element to the epoch's end, s.
-    pub end_s: f64,
+    /// From the last element to the epoch's end, s, one per run.
+    pub end_s: Vec<f64>,
+}
+
+impl StallRow {
+    /// The median run's wait for the epoch's end.
+    pub fn end_p50(&self) -> f64 {
+        let mut v = self.end_s.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+
+    /// The worst run's wait for the epoch's end.
+    pub fn end_max(&self) -> f64 {
+        self.end_s.iter().copied().fold(f64::NAN, f64::max)
+    }
 }
 
 fn job_args(dispatcher: &str) -> Vec<String> {
@@ -410,61 +424,164 @@ fn stall_of(dispatcher: &str, kill: impl FnOnce()) -> anyhow::Result<(f64, f64)>
     Ok((f("max_gap_s"), f("end_s")))
 }
 
+/// Time from `distribute()` to the first element.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FirstRow {
+    /// Peer name.
+    pub peer: String,
+    /// p50 over ten fresh jobs, s.
+    pub p50_s: f64,
+    /// The slowest of them, s.
+    pub max_s: f64,
+}
+
+/// Two workers on `dispatcher` and a client timing ten fresh jobs from
+/// `distribute()` to their first element (after one warm-up job).
+fn first_of(dispatcher: &str) -> anyhow::Result<(f64, f64)> {
+    let mut workers = [worker_proc(dispatcher), worker_proc(dispatcher)];
+    for w in &mut workers {
+        w.wait_line("READY", Duration::from_secs(120));
+    }
+    let args: Vec<String> = [
+        "client",
+        "--dispatcher",
+        dispatcher,
+        "--scenario",
+        "first",
+        "--workers",
+        "2",
+        "--n",
+        "10",
+        "--deadline",
+        "200",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut client = PyProc::spawn_with(
+        &tf_python(),
+        "tfdata_job.py",
+        &args,
+        &std::env::temp_dir(),
+        &[],
+    );
+    let status = client.wait_exit(Duration::from_secs(240));
+    anyhow::ensure!(
+        status.success() && client.failed_checks().is_empty(),
+        "the client failed: {}",
+        client.report()
+    );
+    let line = client
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("\"check\": \"first\""))
+        .ok_or_else(|| anyhow::anyhow!("no first-element line"))?;
+    let v: serde_json::Value = serde_json::from_str(&line)?;
+    let f = |k: &str| v["detail"][k].as_f64().unwrap_or(f64::NAN);
+    Ok((f("p50_s"), f("max_s")))
+}
+
+/// Time to the first element on TF's dispatcher (in memory and fault
+/// tolerant) and on coordstore (1 node; 3 nodes, client and workers on the
+/// leader and on a follower).
+pub async fn first_element() -> anyhow::Result<Vec<FirstRow>> {
+    let mut rows = Vec::new();
+    let mut push = |peer: &str, (p50_s, max_s): (f64, f64)| {
+        rows.push(FirstRow {
+            peer: peer.to_string(),
+            p50_s,
+            max_s,
+        })
+    };
+    let (tf_mem, addr, _) = tf_dispatcher(None)?;
+    push("TF 2.21 dispatcher, in memory", first_of(&addr)?);
+    drop(tf_mem);
+    let work = tempfile::tempdir()?;
+    let (tf_ft, addr, _) = tf_dispatcher(Some(work.path()))?;
+    push("TF 2.21 dispatcher, fault tolerant", first_of(&addr)?);
+    drop(tf_ft);
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader(&[0], Duration::from_secs(60)).await;
+    push("coordstore 1 node", first_of(&cluster.nodes[0].addr)?);
+    drop(cluster);
+    // A fresh cluster for each: the workers of a run stay registered after
+    // it (upstream keeps a silent worker's tasks too), and a new job would
+    // wait for their tasks.
+    for on_leader in [true, false] {
+        let cluster = Cluster::start(3, &[]);
+        let leader = cluster
+            .wait_leader(&[0, 1, 2], Duration::from_secs(60))
+            .await;
+        let (name, at) = if on_leader {
+            ("coordstore 3 nodes (on the leader)", leader)
+        } else {
+            ("coordstore 3 nodes (on a follower)", (leader + 1) % 3)
+        };
+        push(name, first_of(&cluster.nodes[at].addr)?);
+    }
+    Ok(rows)
+}
+
 /// The stall across a dispatcher death near an epoch's end: coordstore's
 /// leader SIGKILLed (clients and workers on a follower), and TF's
 /// fault-tolerant dispatcher SIGKILLed and restarted 2 s later on its work
 /// dir (what a process manager does).
-pub async fn stall() -> anyhow::Result<Vec<StallRow>> {
-    let mut rows = Vec::new();
-    let mut cluster = Cluster::start(3, &[]);
-    let leader = cluster
-        .wait_leader(&[0, 1, 2], Duration::from_secs(60))
-        .await;
-    let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
-    let pid = cluster.nodes[leader].pid().unwrap_or_default() as i32;
-    let (gap, end) = stall_of(&follower, || {
-        // SAFETY: kill(2) on the node process this run started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    })?;
-    cluster.kill(leader);
-    rows.push(StallRow {
+pub async fn stall(runs: usize) -> anyhow::Result<Vec<StallRow>> {
+    let mut ours = StallRow {
         peer: "coordstore 3 nodes, leader SIGKILLed".into(),
-        max_gap_s: gap,
-        end_s: end,
-    });
-    drop(cluster);
-
-    let work = tempfile::tempdir()?;
-    let (tf, addr, _) = tf_dispatcher(Some(work.path()))?;
-    let tf = std::cell::RefCell::new(Some(tf));
-    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
-    let restarted = std::cell::RefCell::new(None);
-    let (gap, end) = stall_of(&addr, || {
-        drop(tf.borrow_mut().take());
-        let args = vec![
-            "--port".to_string(),
-            port.clone(),
-            "--work-dir".to_string(),
-            work.path().display().to_string(),
-        ];
-        // Spawned from this thread: a child dies with the thread that
-        // started it (PR_SET_PDEATHSIG).
-        std::thread::sleep(Duration::from_secs(2));
-        *restarted.borrow_mut() = Some(PyProc::spawn_with(
-            &tf_python(),
-            "tfdata_dispatcher.py",
-            &args,
-            &std::env::temp_dir(),
-            &[],
-        ));
-    })?;
-    drop(restarted.borrow_mut().take());
-    rows.push(StallRow {
+        max_gap_s: 0.0,
+        end_s: Vec::new(),
+    };
+    for _ in 0..runs {
+        let mut cluster = Cluster::start(3, &[]);
+        let leader = cluster
+            .wait_leader(&[0, 1, 2], Duration::from_secs(60))
+            .await;
+        let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
+        let pid = cluster.nodes[leader].pid().unwrap_or_default() as i32;
+        let (gap, end) = stall_of(&follower, || {
+            // SAFETY: kill(2) on the node process this run started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        })?;
+        cluster.kill(leader);
+        ours.max_gap_s = ours.max_gap_s.max(gap);
+        ours.end_s.push(end);
+    }
+    let mut tf_row = StallRow {
         peer: "TF 2.21 dispatcher, fault tolerant, SIGKILLed and restarted after 2 s".into(),
-        max_gap_s: gap,
-        end_s: end,
-    });
-    Ok(rows)
+        max_gap_s: 0.0,
+        end_s: Vec::new(),
+    };
+    for _ in 0..runs {
+        let work = tempfile::tempdir()?;
+        let (tf, addr, _) = tf_dispatcher(Some(work.path()))?;
+        let tf = std::cell::RefCell::new(Some(tf));
+        let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+        let restarted = std::cell::RefCell::new(None);
+        let (gap, end) = stall_of(&addr, || {
+            drop(tf.borrow_mut().take());
+            let args = vec![
+                "--port".to_string(),
+                port.clone(),
+                "--work-dir".to_string(),
+                work.path().display().to_string(),
+            ];
+            // Spawned from this thread: a child dies with the thread that
+            // started it (PR_SET_PDEATHSIG).
+            std::thread::sleep(Duration::from_secs(2));
+            *restarted.borrow_mut() = Some(PyProc::spawn_with(
+                &tf_python(),
+                "tfdata_dispatcher.py",
+                &args,
+                &std::env::temp_dir(),
+                &[],
+            ));
+        })?;
+        drop(restarted.borrow_mut().take());
+        tf_row.max_gap_s = tf_row.max_gap_s.max(gap);
+        tf_row.end_s.push(end);
+    }
+    Ok(vec![ours, tf_row])
 }
 
 /// Runs every peer.

@@ -134,6 +134,10 @@ pub struct ServeOptions {
     /// An iteration without clients for this long is garbage collected; 0 = never [default: 300000]
     #[arg(long)]
     pub tfdata_gc_timeout_ms: Option<u64>,
+    /// A tf.data worker with no heartbeat for this long is logged as lost
+    /// (its tasks are kept, as upstream) [default: 600000]
+    #[arg(long)]
+    pub tfdata_worker_timeout_ms: Option<u64>,
     /// The tf.data workers of static sharding (FILE, DATA, FILE_OR_DATA,
     /// HINT), in worker-index order, comma-separated; a `%port%` in an entry
     /// matches any port [default: none]
@@ -154,6 +158,8 @@ pub struct TfDataConfig {
     pub client_timeout_ms: u64,
     /// Collect an iteration without clients for this long (0: never).
     pub gc_timeout_ms: u64,
+    /// Log a worker unheard of for this long as lost.
+    pub worker_timeout_ms: u64,
     /// Static sharding's workers, by index.
     pub worker_addresses: Vec<String>,
 }
@@ -164,6 +170,7 @@ impl Default for TfDataConfig {
             version: 9,
             client_timeout_ms: 300_000,
             gc_timeout_ms: 300_000,
+            worker_timeout_ms: 600_000,
             worker_addresses: Vec::new(),
         }
     }
@@ -302,6 +309,7 @@ impl ServeOptions {
             tfdata_version,
             tfdata_client_timeout_ms,
             tfdata_gc_timeout_ms,
+            tfdata_worker_timeout_ms,
             tfdata_worker_addresses
         )
     }
@@ -437,6 +445,7 @@ impl ServeOptions {
             version: self.tfdata_version.unwrap_or(d.version),
             client_timeout_ms: self.tfdata_client_timeout_ms.unwrap_or(d.client_timeout_ms),
             gc_timeout_ms: self.tfdata_gc_timeout_ms.unwrap_or(d.gc_timeout_ms),
+            worker_timeout_ms: self.tfdata_worker_timeout_ms.unwrap_or(d.worker_timeout_ms),
             worker_addresses: self
                 .tfdata_worker_addresses
                 .as_deref()

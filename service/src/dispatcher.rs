@@ -123,6 +123,7 @@ impl Dispatcher {
                 return Ok(Err(e));
             }
         }
+        self.duty.heard_worker(&r.worker_address);
         let current: std::collections::HashSet<i64> = r.current_tasks.iter().copied().collect();
         Ok(Ok(self.read(|s| {
             let d = s.dispatcher();

@@ -78,6 +78,7 @@ impl TfDataService {
             .header_value()
         });
         let max = router.max_message_bytes();
+        let started = std::time::Instant::now();
         let answer = router
             .on_leader_via(
                 may_forward,
@@ -94,7 +95,15 @@ impl TfDataService {
                     async move { call.await.map(|resp| Ok(resp.into_inner())) }
                 },
             )
-            .await?;
+            .await;
+        let answer = answer.and_then(|a| a);
+        tracing::debug!(
+            call = std::any::type_name::<Req>().rsplit("::").next().unwrap_or_default(),
+            forwarded = !may_forward,
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            code = ?answer.as_ref().err().map(|s| s.code()),
+            "tf.data call"
+        );
         answer.map(Response::new)
     }
 }

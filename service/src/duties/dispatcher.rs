@@ -1,9 +1,11 @@
 //! The dispatcher duty: what TF's dispatcher keeps only in memory and
 //! decides from the wall clock — when each iteration client last
-//! heartbeated, releasing clients that stopped, and collecting iterations
-//! nobody reads any more. On takeover every active client counts as seen
-//! now, as an upstream dispatcher restart does (nothing is released or
-//! collected early because leadership moved). The decisions are proposed;
+//! heartbeated, releasing clients that stopped, collecting iterations
+//! nobody reads any more, and noticing workers that stopped heartbeating
+//! (logged as lost; their tasks are kept, as upstream). On takeover every
+//! active client and every worker counts as seen now, as an upstream
+//! dispatcher restart does (nothing is released or collected early because
+//! leadership moved). The decisions are proposed;
 //! the state checks them again.
 
 use std::collections::HashMap;
@@ -48,6 +50,9 @@ pub struct DispatcherDuty {
     /// Client id -> its last heartbeat (`None`: acquired, not heard from
     /// yet; never timed out, as upstream).
     clients: Mutex<HashMap<i64, Option<Instant>>>,
+    /// Worker address -> its last heartbeat, and whether it was reported
+    /// lost since.
+    workers: Mutex<HashMap<String, (Instant, bool)>>,
     last_check: Mutex<Option<Instant>>,
     /// MaybeRemoveTask quorums in progress, by task (lost on a leader
     /// change; the consumers ask again).
@@ -60,6 +65,7 @@ impl DispatcherDuty {
         DispatcherDuty {
             config,
             clients: Mutex::default(),
+            workers: Mutex::default(),
             last_check: Mutex::default(),
             removals: Mutex::default(),
         }
@@ -142,6 +148,39 @@ impl DispatcherDuty {
         self.clients().insert(client, Some(Instant::now()));
     }
 
+    /// A worker heartbeat reached the leader.
+    pub fn heard_worker(&self, address: &str) {
+        self.heard_worker_at(address, Instant::now());
+    }
+
+    fn heard_worker_at(&self, address: &str, now: Instant) {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, true)) = workers.get(address) {
+            tracing::info!(
+                worker = address,
+                "a tf.data worker reported lost is heartbeating again"
+            );
+        }
+        workers.insert(address.to_string(), (now, false));
+    }
+
+    /// Workers silent for longer than the worker timeout, each reported once
+    /// (a worker this leader never heard of counts as seen now).
+    fn lost_workers(&self, known: Vec<String>, now: Instant) -> Vec<String> {
+        let timeout = Duration::from_millis(self.config.worker_timeout_ms);
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        workers.retain(|w, _| known.contains(w));
+        let mut lost = Vec::new();
+        for w in known {
+            let (seen, reported) = workers.entry(w.clone()).or_insert((now, false));
+            if !*reported && now.duration_since(*seen) > timeout {
+                *reported = true;
+                lost.push(w);
+            }
+        }
+        lost
+    }
+
     async fn check(&self, leader: &LocalLeader) {
         let now = Instant::now();
         {
@@ -152,8 +191,9 @@ impl DispatcherDuty {
             *last = Some(now);
         }
         let timeout = Duration::from_millis(self.config.client_timeout_ms);
-        let (active, idle) = leader.node().state().read(|s| {
+        let (active, idle, known) = leader.node().state().read(|s| {
             let d = s.dispatcher();
+            let known: Vec<String> = d.workers().map(|w| w.address.clone()).collect();
             let active: Vec<i64> = d
                 .clients()
                 .filter(|(_, it)| d.iteration(*it).is_some_and(|it| !it.finished))
@@ -170,8 +210,15 @@ impl DispatcherDuty {
                 })
                 .map(|it| (it.id, it.last_released_ms))
                 .collect();
-            (active, idle)
+            (active, idle, known)
         });
+        for worker in self.lost_workers(known, now) {
+            tracing::warn!(
+                worker,
+                timeout_ms = self.config.worker_timeout_ms,
+                "a tf.data worker stopped heartbeating; it is lost (its tasks are kept, as upstream)"
+            );
+        }
         let stale: Vec<i64> = {
             let mut clients = self.clients();
             clients.retain(|c, _| active.contains(c));
@@ -240,5 +287,45 @@ impl Duty for DispatcherDuty {
     fn on_step_down(&self) {
         self.clients().clear();
         self.removals().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_worker_is_reported_lost_once_and_found_again_by_a_heartbeat() {
+        let duty = DispatcherDuty::new(TfDataConfig {
+            worker_timeout_ms: 1_000,
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let known = || vec!["w:1".to_string(), "w:2".to_string()];
+        // Never heard of by this leader: seen now, not lost.
+        assert!(duty.lost_workers(known(), t0).is_empty());
+        duty.heard_worker_at("w:2", at(900));
+        assert_eq!(
+            duty.lost_workers(known(), at(1_500)),
+            vec!["w:1".to_string()]
+        );
+        // Reported once.
+        assert!(duty.lost_workers(known(), at(1_600)).is_empty());
+        duty.heard_worker_at("w:1", at(1_700));
+        assert_eq!(
+            duty.lost_workers(known(), at(2_000)),
+            vec!["w:2".to_string()]
+        );
+        assert!(duty.lost_workers(known(), at(2_600)).is_empty());
+        assert_eq!(
+            duty.lost_workers(known(), at(2_800)),
+            vec!["w:1".to_string()]
+        );
+        // A worker no longer in the state is forgotten.
+        assert!(duty
+            .lost_workers(vec!["w:1".to_string()], at(3_000))
+            .is_empty());
+        assert!(!duty.workers.lock().unwrap().contains_key("w:2"));
     }
 }
