@@ -27,8 +27,8 @@ use coordstore_tests::{try_status, Cluster};
 use journal::pb::{coordination::KvInsert, update::Command as Cmd, UpdateBatch};
 use journal::Update;
 use openraft::storage::RaftLogStorage;
-use openraft::{CommittedLeaderId, EntryPayload};
-use storage::{Entry, Identity, LogId, Proposal};
+use openraft::EntryPayload;
+use storage::{Entry, Identity, LeaderId, LogId, Proposal};
 
 use crate::etcd::EtcdCluster;
 use crate::peers::{KvClient, Peer, PeerKind};
@@ -175,7 +175,7 @@ async fn append_journal(
     };
     let (mut log, _sm) = storage::open(dir, storage::DEFAULT_CACHE_BYTES, &identity)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let leader = CommittedLeaderId::new(term, 1);
+    let leader = LeaderId { term, node_id: 1 };
     let last = after + entries;
     let entry = |index: u64| {
         let i = index - after - 1;

@@ -1,14 +1,15 @@
-//! The write batcher (group commit). openraft 0.9 does one append and one
-//! fsync per `client_write`, so every update queued while earlier batches are
-//! in flight is packed into one Raft entry.
+//! The write batcher (group commit): every update queued while earlier
+//! batches are in flight is packed into one Raft entry, so an entry's
+//! encoding, append and replication are paid once per batch, not per update.
 
 use std::sync::Arc;
 
 use journal::pb::UpdateBatch;
 use journal::{Outcome, Update};
-use openraft::error::{ClientWriteError, ForwardToLeader};
+use openraft::errors::{ClientWriteError, ForwardToLeader};
+use openraft::impls::ProgressResponder;
 use prost::Message;
-use storage::{Node, NodeId, Proposal, TypeConfig};
+use storage::{NodeId, Proposal, TypeConfig};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::config::RaftSettings;
@@ -43,17 +44,23 @@ pub enum ProposeError {
 }
 
 impl ProposeError {
-    pub(crate) fn not_leader(f: ForwardToLeader<NodeId, Node>) -> Self {
+    pub(crate) fn not_leader(f: ForwardToLeader<TypeConfig>) -> Self {
         ProposeError::NotLeader {
             leader_id: f.leader_id,
             leader_addr: f.leader_node.map(|n| n.addr),
         }
     }
 
-    pub(crate) fn from_write(e: ClientWriteError<NodeId, Node>) -> Self {
+    pub(crate) fn from_write(e: ClientWriteError<TypeConfig>) -> Self {
         match e {
-            ClientWriteError::ForwardToLeader(f) => ProposeError::not_leader(f),
+            // Discarded by a leader change: the outcome is unknown, but every
+            // update carries an origin, so proposing it again is exactly-once.
+            ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f) => {
+                ProposeError::not_leader(f)
+            }
             ClientWriteError::ChangeMembershipError(e) => ProposeError::Unavailable(e.to_string()),
+            // Only conditional membership changes carry preconditions.
+            ClientWriteError::PreconditionFailed(e) => ProposeError::Unavailable(e.to_string()),
         }
     }
 }
@@ -103,14 +110,15 @@ async fn run(
         let (updates, replies): (Vec<Update>, Vec<_>) =
             batch.into_iter().map(|p| (p.update, p.reply)).unzip();
         let proposal = Proposal(UpdateBatch { updates });
-        match raft.client_write_ff(proposal).await {
+        let (responder, done) = ProgressResponder::complete_only();
+        match raft.client_write_ff(proposal, Some(responder)).await {
             Err(fatal) => {
                 let e = ProposeError::Fatal(fatal.to_string());
                 for r in replies {
                     let _ = r.send(Err(e.clone()));
                 }
             }
-            Ok(done) => {
+            Ok(()) => {
                 let state = state.clone();
                 tokio::spawn(async move {
                     let result = done.await;
@@ -132,7 +140,7 @@ async fn run(
 }
 
 type WriteResult = Result<
-    Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<NodeId, Node>>,
+    Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<TypeConfig>>,
     oneshot::error::RecvError,
 >;
 

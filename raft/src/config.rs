@@ -53,7 +53,7 @@ impl Default for RaftSettings {
 
 impl RaftSettings {
     /// Sets the election timeout `e`: a follower that hears nothing from a
-    /// leader for between `e` and 1.5·`e` campaigns. openraft 0.9 waits its
+    /// leader for between `e` and 1.5·`e` campaigns. openraft (0.9 and 0.10) waits its
     /// leader lease (= `election_timeout_max`) *plus* a random election
     /// timeout in [min, max) after the last message of a known leader, so
     /// `e` maps to min = e/4 and max = 3e/4 (the default 1000 ms gives 250 /
@@ -80,6 +80,12 @@ impl RaftSettings {
             // Purging is considered after each snapshot only: purge then
             // whatever the snapshot covers beyond the entries kept.
             purge_batch_size: 1,
+            // A node restarted with its own committed vote starts as a
+            // follower and campaigns in a new term, committing a fresh entry
+            // before it serves: restored as leader of its old term, it would
+            // serve reads with the commit index it found on disk, which can
+            // be behind what it acknowledged (openraft #1511).
+            enable_leader_restore: Some(false),
             ..Default::default()
         };
         config

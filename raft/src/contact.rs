@@ -8,8 +8,8 @@
 //!   AppendEntries (the [`QUORUM_AGE_HEADER`] of the peer RPC); the follower
 //!   keeps "now − that age" from the last one it accepted. A leader that lost
 //!   its quorum therefore stops vouching for its followers too, even where
-//!   it still reaches some of them (openraft 0.9 has no CheckQuorum: such a
-//!   leader does not step down on its own).
+//!   it still reaches some of them (written for openraft 0.9, which had no
+//!   CheckQuorum; it does not rely on 0.10's quorum lease).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;

@@ -1,7 +1,7 @@
 //! coordstore-raft: replication of the journal across the nodes with openraft
-//! 0.9 (storage-v2). A [`RaftNode`] owns the storage, openraft, a **write
+//! 0.10 (alpha.37). A [`RaftNode`] owns the storage, openraft, a **write
 //! batcher** that packs every update queued while earlier entries are in
-//! flight into one Raft entry (group commit — 0.9 does one fsync per entry),
+//! flight into one Raft entry (group commit),
 //! and a **read coalescer** that serves every read queued before a quorum
 //! round started with that one round (ReadIndex: the read index is captured
 //! before the round, and the read waits until the state the service reads
@@ -23,4 +23,6 @@ pub use batcher::{Applied, ProposeError};
 pub use config::RaftSettings;
 pub use contact::QUORUM_AGE_HEADER;
 pub use network::{Channels, PeerNetwork, PeerService, PeerToken, Raft, PEER_TOKEN_HEADER};
-pub use node::{NodeConfig, RaftNode, Role, StartError};
+pub use node::{MetricsWatch, NodeConfig, RaftNode, Role, StartError};
+/// The trait of [`MetricsWatch`] (`borrow_watched`, `changed`).
+pub use openraft::type_config::async_runtime::WatchReceiver;

@@ -7,27 +7,31 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+use openraft::errors::{
+    Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{v2::RaftNetworkV2, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
+use openraft::type_config::async_runtime::WatchReceiver;
 use proto::coordstore::raft_peer_client::RaftPeerClient;
 use proto::coordstore::raft_peer_server::{RaftPeer, RaftPeerServer};
 use proto::coordstore::RaftPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use storage::{Node, NodeId, TypeConfig};
+use storage::{Node, NodeId, Snapshot, SnapshotData, SnapshotMeta, StateMachine, TypeConfig, Vote};
 
 use crate::contact::{Contact, QUORUM_AGE_HEADER};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 /// The openraft handle of a node.
-pub type Raft = openraft::Raft<TypeConfig>;
+pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
+
+/// A whole snapshot as it travels to a follower: the leader's vote, the
+/// metadata and the encoded state.
+type SnapshotTransfer = (Vote, SnapshotMeta, Vec<u8>);
 
 /// Connection timeout of peer channels.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -204,16 +208,19 @@ impl std::fmt::Display for Msg {
 impl std::error::Error for Msg {}
 
 impl PeerConnection {
+    /// One peer RPC: the request's bincode, the reply's bincode of
+    /// `Result<Resp, E>` (the remote Raft's own error, which openraft 0.10's
+    /// network API reports as a network error).
     async fn call<Req, Resp, E>(
         &mut self,
         method: Method,
         req: &Req,
         ttl: Duration,
-    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    ) -> Result<Resp, RPCError<TypeConfig>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
+        E: std::fmt::Display + DeserializeOwned,
     {
         let client = match &mut self.client {
             Ok(c) => c,
@@ -245,47 +252,67 @@ impl PeerConnection {
                 _ => RPCError::Network(NetworkError::new(&e)),
             }
         })?;
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            bincode::deserialize(&reply.into_inner().data)
-                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let result: Result<Resp, E> = bincode::deserialize(&reply.into_inner().data)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| {
+            RPCError::Network(NetworkError::new(&Msg(format!(
+                "node {} answered: {e}",
+                self.target
+            ))))
+        })
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerConnection {
+impl RaftNetworkV2<TypeConfig> for PeerConnection {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        let resp = self.call(Method::Append, &rpc, option.hard_ttl()).await?;
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let resp: AppendEntriesResponse<TypeConfig> = self
+            .call::<_, _, RaftError<TypeConfig>>(Method::Append, &rpc, option.hard_ttl())
+            .await?;
         if !matches!(resp, AppendEntriesResponse::HigherVote(_)) {
             self.contact.acked(self.target);
         }
         Ok(resp)
     }
 
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        self.call(Method::Snapshot, &rpc, option.hard_ttl()).await
-    }
-
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        let resp: VoteResponse<NodeId> = self.call(Method::Vote, &rpc, option.hard_ttl()).await?;
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let resp: VoteResponse<TypeConfig> = self
+            .call::<_, _, RaftError<TypeConfig>>(Method::Vote, &rpc, option.hard_ttl())
+            .await?;
         if resp.vote_granted {
             self.contact.acked(self.target);
         }
         Ok(resp)
+    }
+
+    /// The whole snapshot in one message (the message limit is the node's
+    /// `max_message_bytes`), abandoned when replication closes.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let transfer: SnapshotTransfer = (vote, snapshot.meta, snapshot.snapshot.into_inner());
+        let send = self.call::<_, SnapshotResponse<TypeConfig>, Fatal<TypeConfig>>(
+            Method::Snapshot,
+            &transfer,
+            option.hard_ttl(),
+        );
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            r = send => r.map_err(StreamingError::from),
+        }
     }
 }
 
@@ -334,8 +361,8 @@ impl PeerService {
 /// vote. Bounded to 3 elections; leaders and learners ignore the trigger.
 async fn campaign_above(raft: Raft, term: u64) {
     for _ in 0..3 {
-        let now = raft.metrics().borrow().current_term;
-        if now > term || raft.trigger().elect().await.is_err() {
+        let now = raft.metrics().borrow_watched().current_term;
+        if now > term || raft.trigger().elect(false).await.is_err() {
             return;
         }
         let _ = raft
@@ -348,14 +375,14 @@ async fn campaign_above(raft: Raft, term: u64) {
 /// Whether this node should campaign at once after answering `req` with
 /// `resp`: it refused a candidate whose log is behind its own (so that
 /// candidate cannot win) while it has not heard from a leader itself for
-/// a while. openraft 0.9 restarts the refusing node's election timer
+/// a while. openraft restarts the refusing node's election timer
 /// (leader lease + timeout, 1–1.5 s by default) on such a request, so
 /// without this a leader crash that leaves the less up-to-date follower to
 /// time out first costs a second full timeout. Campaigning never affects
 /// safety; a node that hears a leader, a leader and a learner never do.
 fn campaign_after_refusal(
-    req: &VoteRequest<NodeId>,
-    resp: &VoteResponse<NodeId>,
+    req: &VoteRequest<TypeConfig>,
+    resp: &VoteResponse<TypeConfig>,
     leader_silent: bool,
 ) -> bool {
     leader_silent && !resp.vote_granted && resp.last_log_id > req.last_log_id
@@ -400,7 +427,7 @@ impl RaftPeer for PeerService {
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.token.check(&req)?;
-        let rpc: VoteRequest<NodeId> = decode(req)?;
+        let rpc: VoteRequest<TypeConfig> = decode(req)?;
         let asked = rpc.clone();
         let reply = self.raft.vote(rpc).await;
         if let Ok(resp) = &reply {
@@ -421,26 +448,36 @@ impl RaftPeer for PeerService {
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         self.token.check(&req)?;
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
-        encode(&self.raft.install_snapshot(rpc).await)
+        let (vote, meta, data): SnapshotTransfer = decode(req)?;
+        let snapshot = Snapshot {
+            meta,
+            snapshot: std::io::Cursor::new(data),
+        };
+        encode(&self.raft.install_full_snapshot(vote, snapshot).await)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, LogId, Vote};
+    use storage::{LeaderId, LogId};
 
     use super::*;
 
-    fn log(index: u64) -> Option<LogId<NodeId>> {
-        Some(LogId::new(CommittedLeaderId::new(2, 1), index))
+    fn log(index: u64) -> Option<LogId> {
+        Some(LogId::new(
+            LeaderId {
+                term: 2,
+                node_id: 1,
+            },
+            index,
+        ))
     }
 
-    fn req(last: u64) -> VoteRequest<NodeId> {
+    fn req(last: u64) -> VoteRequest<TypeConfig> {
         VoteRequest::new(Vote::new(3, 2), log(last))
     }
 
-    fn resp(granted: bool, last: u64) -> VoteResponse<NodeId> {
+    fn resp(granted: bool, last: u64) -> VoteResponse<TypeConfig> {
         VoteResponse::new(Vote::new(3, 2), log(last), granted)
     }
 

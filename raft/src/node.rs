@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use journal::Update;
-use openraft::error::{InitializeError, RaftError};
+use openraft::errors::{InitializeError, RaftError};
+use openraft::type_config::async_runtime::WatchReceiver;
 use openraft::{BasicNode, RaftMetrics, ServerState};
 use proto::coordstore::raft_peer_server::RaftPeerServer;
-use storage::{Identity, NodeId, StateHandle};
+use storage::{Identity, NodeId, StateHandle, TypeConfig};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::batcher::{self, Applied, Pending, ProposeError};
@@ -17,6 +18,10 @@ use crate::config::RaftSettings;
 use crate::contact::Contact;
 use crate::network::{Channels, PeerNetwork, PeerService, PeerToken, Raft};
 use crate::reads::{self, ReadReply};
+
+/// A receiver of a node's Raft metrics.
+pub type MetricsWatch =
+    openraft::type_config::alias::WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>;
 
 /// What a node needs to start.
 #[derive(Clone, Debug)]
@@ -114,8 +119,8 @@ async fn track_voters(raft: Raft, contact: Arc<Contact>) {
 /// follower that still counts on its leader waits.
 ///
 /// openraft times a node's first election from its start-up, and a node
-/// that led when it stopped starts with an uncommitted vote (see
-/// `LogStore::read_vote`), so its timer is the bare election timeout
+/// that led when it stopped starts with an uncommitted vote
+/// (`enable_leader_restore` is off, see `config`), so its timer is the bare election timeout
 /// (250–750 ms by default), often shorter than the time the current leader
 /// takes to reach a restarted peer. Its campaign was then refused for its
 /// older log, which sets openraft's seen-a-greater-log flag; the flag is
@@ -127,7 +132,7 @@ async fn track_voters(raft: Raft, contact: Arc<Contact>) {
 async fn hold_elections(raft: Raft, min_ms: u64, max_ms: u64) {
     let voters = raft
         .metrics()
-        .borrow()
+        .borrow_watched()
         .membership_config
         .membership()
         .voter_ids()
@@ -335,8 +340,18 @@ impl RaftNode {
     }
 
     /// The latest metrics.
-    pub fn metrics(&self) -> RaftMetrics<NodeId, BasicNode> {
-        self.raft.metrics().borrow().clone()
+    pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
+        self.raft.metrics().borrow_watched().clone()
+    }
+
+    /// Waits until the metrics change (any field); false once Raft stopped.
+    pub async fn metrics_changed(rx: &mut MetricsWatch) -> bool {
+        rx.changed().await.is_ok()
+    }
+
+    /// A receiver of metrics changes, for [`RaftNode::metrics_changed`].
+    pub fn metrics_watch(&self) -> MetricsWatch {
+        self.raft.metrics()
     }
 
     /// The leader as this node knows it: (id, address).

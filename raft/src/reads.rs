@@ -8,16 +8,17 @@
 //! has now), and waits until the state the service reads has applied it.
 //!
 //! The start-up floor is belt and braces. The cause of the stale reads the
-//! fault suite once recorded is that openraft 0.9 restores a restarted
-//! leader as leader of its old term with a commit index read from disk that
-//! may be behind its last acknowledged entry (openraft issue #1511); the log
-//! store prevents that (see `storage::LogStore::read_vote`), and the floor
+//! fault suite once recorded is that openraft restores a restarted leader
+//! as leader of its old term with a commit index read from disk that may be
+//! behind its last acknowledged entry (openraft issue #1511); the Raft
+//! config prevents that (`enable_leader_restore` off, see `config`), and the floor
 //! keeps a read from being served below anything this node had logged
 //! before it restarted, whoever is leader.
 
 use std::sync::Arc;
 
-use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::errors::{LinearizableReadError, RaftError};
+use openraft::type_config::async_runtime::WatchReceiver;
 use storage::StateHandle;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -65,17 +66,25 @@ async fn run(raft: Raft, state: StateHandle, floor: u64, mut rx: mpsc::Receiver<
 /// One ReadIndex round: the index every read queued before it may be served
 /// at, once this node's state has applied it.
 async fn read_index(raft: &Raft, state: &StateHandle, floor: u64) -> Result<u64, ProposeError> {
-    let (read_log_id, _) = raft.get_read_log_id().await.map_err(|e| match e {
-        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => ProposeError::not_leader(f),
-        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
-            ProposeError::Unavailable(q.to_string())
-        }
-        RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
-    })?;
+    let (read_log_id, _) = raft
+        .get_read_log_id(openraft::ReadPolicy::ReadIndex)
+        .await
+        .map_err(|e| match e {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+                ProposeError::not_leader(f)
+            }
+            RaftError::APIError(LinearizableReadError::QuorumNotEnough(q)) => {
+                ProposeError::Unavailable(format!(
+                    "no quorum confirmed the leadership (heard from {:?} of {})",
+                    q.got, q.cluster
+                ))
+            }
+            RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
+        })?;
     // Entries logged before a restart and since truncated by another
     // leader cannot hold the read back: the floor is capped by today's log.
-    let last_log = raft.metrics().borrow().last_log_index.unwrap_or(0);
-    let index = read_log_id.map_or(0, |l| l.index).max(floor.min(last_log));
+    let last_log = raft.metrics().borrow_watched().last_log_index.unwrap_or(0);
+    let index = read_log_id.index().max(floor.min(last_log));
     wait_applied(state, index).await?;
     Ok(index)
 }

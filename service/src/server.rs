@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use raft::{NodeConfig, RaftNode, Role};
+use raft::{NodeConfig, RaftNode, Role, WatchReceiver};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -148,7 +148,7 @@ impl RunningNode {
 pub async fn settle(node: &RaftNode, wait: Duration) -> Role {
     let deadline = tokio::time::Instant::now() + wait;
     let mut metrics = node.raft().metrics();
-    while metrics.borrow().current_leader.is_none() {
+    while metrics.borrow_watched().current_leader.is_none() {
         if tokio::time::timeout_at(deadline, metrics.changed())
             .await
             .is_err()

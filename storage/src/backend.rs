@@ -1,8 +1,10 @@
 //! The storage crate's own interface to the disk ([`Backend`]) and its sled
 //! implementation. Raft safety rests on three rules kept here: an append is
-//! durable when `log_append` returns; a durable meta write is on stable
-//! storage before it returns; truncate and purge are single atomic batches,
-//! durable when they return.
+//! readable when `log_append` returns and durable, with everything written
+//! before it, once a later `flush` returns (the log store acknowledges it to
+//! Raft only then); a durable meta write is on stable storage before it
+//! returns; truncate and purge are single atomic batches, durable when they
+//! return.
 //!
 //! "Durable" means fdatasync'd. sled 0.34.7's `Db::flush` ends in
 //! `sync_file_range(WAIT_BEFORE | WRITE | WAIT_AFTER)` (`pagecache/iobuf.rs`),
@@ -22,8 +24,8 @@ use std::path::{Path, PathBuf};
 /// Durable key-value operations the log store and state machine need. sled is
 /// one implementation; another engine can replace it behind this trait.
 pub trait Backend: Send + Sync + 'static {
-    /// Writes `(index, bytes)` log records in one atomic batch, durable when
-    /// it returns.
+    /// Writes `(index, bytes)` log records in one atomic batch, readable
+    /// when it returns, durable once a later [`Backend::flush`] returns.
     fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()>;
     /// Records with `from <= index < to`, ascending.
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>>;
@@ -378,7 +380,7 @@ impl Backend for SledBackend {
             batch.insert(&key(*i), bytes.as_slice());
         }
         self.log.apply_batch(batch)?;
-        self.sync()
+        Ok(())
     }
 
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {

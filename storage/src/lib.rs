@@ -10,9 +10,6 @@
 //! carries a [`Proposal`] (a batch of journal updates), its response the
 //! [`Outcomes`] in order.
 
-// openraft fixes the error type (StorageError, ~224 bytes) of every storage call.
-#![allow(clippy::result_large_err)]
-
 mod backend;
 mod log_store;
 mod state_machine;
@@ -25,8 +22,8 @@ pub use backend::{Backend, Identity, OpenError, SledBackend};
 pub use log_store::LogStore;
 pub use state_machine::{SnapshotBuilder, StateHandle, StateMachine};
 pub use types::{
-    Entry, LogId, Node, NodeId, Outcomes, Proposal, SnapshotMeta, StorageError, StoredMembership,
-    TypeConfig,
+    Entry, LeaderId, LogId, Node, NodeId, Outcomes, Proposal, Snapshot, SnapshotData, SnapshotMeta,
+    StorageError, StoredMembership, TypeConfig, Vote,
 };
 
 /// Default sled page-cache bound: 64 MiB.

@@ -1,30 +1,36 @@
 //! The Raft log, vote and committed index on a [`Backend`]: openraft's
-//! `RaftLogStorage` (storage-v2).
+//! `RaftLogStorage`.
+//!
+//! An append is written to sled and returns at once (the entries are
+//! readable, so replication can send them); a flusher thread makes them
+//! durable and only then tells Raft (`IOFlushed`), so the leader's own
+//! fsync runs while the entries are on their way to the followers, and the
+//! leader counts itself toward a commit only after it (openraft 0.10 submits
+//! log writes without waiting for them). Appends that arrive while a flush
+//! runs share the next one (group commit). Vote, truncate and purge stay
+//! synchronous and durable when they return, which also covers every append
+//! before them, so vote and log writes never reorder on disk.
 
 use std::fmt::Debug;
+use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{
-    AnyError, ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader, StorageIOError, Vote,
-};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 
 const VOTE_KEY: &str = "vote";
 const COMMITTED_KEY: &str = "committed";
 const LAST_PURGED_KEY: &str = "last_purged";
 
-pub(crate) fn io_err(
-    subject: ErrorSubject<NodeId>,
-    verb: ErrorVerb,
-    e: impl std::error::Error + 'static,
-) -> StorageError {
-    StorageIOError::new(subject, verb, AnyError::new(&e)).into()
+/// An I/O error with what was being done.
+pub(crate) fn io_err(what: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{what}: {e}"))
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::Error> {
@@ -43,28 +49,37 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
     }
 }
 
-/// The log store of one node. Clones share the same backend.
+/// The log store of one node. Clones share the same backend and flusher.
 #[derive(Clone)]
 pub struct LogStore {
     backend: Arc<dyn Backend>,
-    node_id: NodeId,
+    flusher: mpsc::Sender<Flush>,
+}
+
+/// Work for the flusher thread.
+enum Flush {
+    /// An append to make durable and report.
+    Append(IOFlushed<TypeConfig>),
+    /// Report every append queued before this, then answer.
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 impl LogStore {
     pub(crate) fn new(backend: Arc<dyn Backend>, node_id: NodeId) -> Self {
-        LogStore { backend, node_id }
+        let (flusher, queue) = mpsc::channel();
+        // Weak: the store's owners decide when the database closes (a
+        // reopen in the same process must not find it still held here).
+        let b = Arc::downgrade(&backend);
+        std::thread::Builder::new()
+            .name(format!("log-flusher-{node_id}"))
+            .spawn(move || flush_loop(&b, queue))
+            .expect("spawn the log flusher thread");
+        LogStore { backend, flusher }
     }
 
-    fn meta<T: DeserializeOwned>(
-        &self,
-        key: &str,
-        subject: ErrorSubject<NodeId>,
-    ) -> Result<Option<T>, StorageError> {
-        let raw = self
-            .backend
-            .meta_get(key)
-            .map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?;
-        raw.map(|b| decode(&b).map_err(|e| io_err(subject, ErrorVerb::Read, e)))
+    fn meta<T: DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
+        let raw = self.backend.meta_get(key)?;
+        raw.map(|b| decode(&b).map_err(|e| io_err(key, e)))
             .transpose()
     }
 
@@ -73,41 +88,46 @@ impl LogStore {
         key: &'static str,
         value: &T,
         durable: bool,
-        subject: ErrorSubject<NodeId>,
-    ) -> Result<(), StorageError> {
-        let bytes = encode(value).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
-        let backend = self.backend.clone();
-        blocking(move || backend.meta_put(key, &bytes, durable))
-            .await
-            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
-    }
-
-    fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
-        self.meta(LAST_PURGED_KEY, ErrorSubject::Store)
-    }
-
-    /// Writes entries in one batch and flushes before returning (what
-    /// `append` does before firing its callback). Also used by tools and tests
-    /// that build a journal without a running Raft node.
-    pub async fn write_entries(
-        &self,
-        entries: impl IntoIterator<Item = Entry>,
-    ) -> Result<(), StorageError> {
-        let mut records = Vec::new();
-        for e in entries {
-            let bytes =
-                encode(&e).map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
-            records.push((e.log_id.index, bytes));
+    ) -> io::Result<()> {
+        let bytes = encode(value).map_err(|e| io_err(key, e))?;
+        if !durable {
+            // An insert into sled's memory: no reason to leave this task.
+            return self.backend.meta_put(key, &bytes, false);
         }
         let backend = self.backend.clone();
-        blocking(move || backend.log_append(&records))
-            .await
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        blocking(move || backend.meta_put(key, &bytes, true)).await
+    }
+
+    fn last_purged(&self) -> io::Result<Option<LogId>> {
+        self.meta(LAST_PURGED_KEY)
+    }
+
+    fn encode_entries(entries: impl IntoIterator<Item = Entry>) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        entries
+            .into_iter()
+            .map(|e| {
+                encode(&e)
+                    .map(|bytes| (e.log_id.index, bytes))
+                    .map_err(|err| io_err("encoding a log entry", err))
+            })
+            .collect()
+    }
+
+    /// Writes entries in one batch and flushes before returning. For tools
+    /// and tests that build a journal without a running Raft node.
+    pub async fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> io::Result<()> {
+        let records = Self::encode_entries(entries)?;
+        let backend = self.backend.clone();
+        blocking(move || {
+            backend.log_append(&records)?;
+            backend.flush()
+        })
+        .await
     }
 
     /// Decodes one stored entry.
-    fn decode_entry(bytes: &[u8]) -> Result<Entry, StorageError> {
-        decode(bytes).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))
+    fn decode_entry(bytes: &[u8]) -> io::Result<Entry> {
+        decode(bytes).map_err(|e| io_err("decoding a log entry", e))
     }
 
     /// The highest log index this store can account for: its last entry, or
@@ -123,10 +143,6 @@ impl LogStore {
             .map_err(|e| format!("cannot read the log metadata: {e}"))?
             .map_or(0, |l| l.index);
         Ok(last.max(purged))
-    }
-
-    fn is_own_leadership(&self, v: &Vote<NodeId>) -> bool {
-        v.is_committed() && v.leader_id().voted_for() == Some(self.node_id)
     }
 
     /// Checks the first and last stored entries decode (start-up sanity).
@@ -148,11 +164,45 @@ impl LogStore {
     }
 }
 
+/// The flusher: waits for appended batches, makes everything written so far
+/// durable once for all that queued meanwhile, then reports each, in order.
+/// Ends when every store clone is gone.
+fn flush_loop(backend: &std::sync::Weak<dyn Backend>, queue: mpsc::Receiver<Flush>) {
+    while let Ok(first) = queue.recv() {
+        let mut done = Vec::new();
+        let mut barriers = Vec::new();
+        for job in std::iter::once(first).chain(queue.try_iter()) {
+            match job {
+                Flush::Append(cb) => done.push(cb),
+                Flush::Barrier(tx) => barriers.push(tx),
+            }
+        }
+        if !done.is_empty() {
+            let flushed = match backend.upgrade() {
+                Some(b) => b.flush(),
+                None => Err(io::Error::other("the database is closed")),
+            };
+            match flushed {
+                Ok(()) => done.into_iter().for_each(|cb| cb.io_completed(Ok(()))),
+                Err(e) => {
+                    tracing::error!("flushing the log failed: {e}");
+                    for cb in done {
+                        cb.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                    }
+                }
+            }
+        }
+        for b in barriers {
+            let _ = b.send(());
+        }
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    ) -> io::Result<Vec<Entry>> {
         let from = match range.start_bound() {
             Bound::Included(x) => *x,
             Bound::Excluded(x) => x.saturating_add(1),
@@ -164,26 +214,27 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Unbounded => u64::MAX,
         };
         let backend = self.backend.clone();
-        let records = blocking(move || backend.log_range(from, to))
-            .await
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        let records = blocking(move || backend.log_range(from, to)).await?;
         records
             .iter()
             .map(|(_, bytes)| Self::decode_entry(bytes))
             .collect()
+    }
+
+    /// The saved vote, as saved. (A node restarted with its own committed
+    /// vote does not come back as leader of that term: the Raft config sets
+    /// `enable_leader_restore` off, see `raft::config`.)
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        self.meta(VOTE_KEY)
     }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
         let last_purged = self.last_purged()?;
-        let last = self
-            .backend
-            .log_last()
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-        let last_log_id = match last {
+        let last_log_id = match self.backend.log_last()? {
             Some((_, bytes)) => Some(Self::decode_entry(&bytes)?.log_id),
             None => last_purged,
         };
@@ -197,89 +248,61 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.put_meta(VOTE_KEY, vote, true, ErrorSubject::Vote)
-            .await
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        self.put_meta(VOTE_KEY, vote, true).await
     }
 
-    /// The saved vote, except that this node's own committed vote comes back
-    /// uncommitted (in memory only; what is stored stays as it is).
-    ///
-    /// openraft 0.9 restores a node whose saved vote is committed and its own
-    /// straight back as leader of that term (`Engine::startup`), appending no
-    /// new entry, with the commit index read from disk (`get_initial_state`)
-    /// — which `save_committed` does not flush, so after a crash it can be
-    /// behind the last entry the node had acknowledged. A read served before
-    /// the first replication round trip would then miss acknowledged writes
-    /// (openraft issue #1511; fixed upstream after 0.9 by
-    /// `Config::enable_leader_restore`). The uncommitted vote for itself in
-    /// the same term is equally binding (no other candidate of that term can
-    /// get this node's vote) but is not leadership: the node starts as a
-    /// follower, campaigns in a higher term, and commits a fresh blank entry
-    /// before it serves anything.
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        let vote: Option<Vote<NodeId>> = self.meta(VOTE_KEY, ErrorSubject::Vote)?;
-        Ok(vote.map(|v| {
-            if self.is_own_leadership(&v) {
-                Vote::new(v.leader_id().get_term(), self.node_id)
-            } else {
-                v
-            }
-        }))
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         // Not flushed: losing it only means re-applying a little less at start.
-        self.put_meta(COMMITTED_KEY, &committed, false, ErrorSubject::Store)
-            .await?;
+        self.put_meta(COMMITTED_KEY, &committed, false).await?;
         if let Some(c) = committed {
             self.backend.note_committed(c.index);
         }
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self
-            .meta::<Option<LogId>>(COMMITTED_KEY, ErrorSubject::Store)?
-            .flatten())
+    async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
+        Ok(self.meta::<Option<LogId>>(COMMITTED_KEY)?.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+    /// Writes the entries (readable at once) and queues their flush: the
+    /// callback fires once they are durable.
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        // The flush happens inside write_entries; only then is the callback fired.
-        match self.write_entries(entries).await {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(e)
-            }
+        let records = Self::encode_entries(entries)?;
+        // sled's apply_batch works in memory; its I/O is in the flush.
+        self.backend.log_append(&records)?;
+        if let Err(mpsc::SendError(Flush::Append(callback))) =
+            self.flusher.send(Flush::Append(callback))
+        {
+            let e = io::Error::other("the log flusher stopped");
+            callback.io_completed(Err(io::Error::other(e.to_string())));
+            return Err(e);
         }
+        Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    /// Truncation waits until every earlier append was flushed and
+    /// reported, so no report ever covers entries already removed.
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.flusher
+            .send(Flush::Barrier(tx))
+            .map_err(|_| io::Error::other("the log flusher stopped"))?;
+        rx.await
+            .map_err(|_| io::Error::other("the log flusher stopped"))?;
+        let from = last_log_id.map_or(0, |l| l.index + 1);
         let backend = self.backend.clone();
-        blocking(move || backend.log_truncate(log_id.index))
-            .await
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        blocking(move || backend.log_truncate(from)).await
     }
 
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         // Record the purge point first; the batch delete and its flush follow.
-        self.put_meta(LAST_PURGED_KEY, &log_id, false, ErrorSubject::Store)
-            .await?;
+        self.put_meta(LAST_PURGED_KEY, &log_id, false).await?;
         let backend = self.backend.clone();
-        blocking(move || backend.log_purge(log_id.index))
-            .await
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        blocking(move || backend.log_purge(log_id.index)).await
     }
 }

@@ -13,9 +13,10 @@ use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
+use futures_util::TryStreamExt;
 use journal::State;
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -23,7 +24,7 @@ use tokio::sync::watch;
 use crate::backend::Backend;
 use crate::log_store::{blocking, decode, encode, io_err};
 use crate::types::{
-    Entry, LogId, Outcomes, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+    LogId, Outcomes, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 
 /// Where snapshots lived in sled before they got their own file; still read
@@ -103,7 +104,6 @@ pub struct StateMachine {
     backend: Arc<dyn Backend>,
     /// The last log id of the stored snapshot; serialises storing.
     stored: Arc<Mutex<Option<LogId>>>,
-    snapshot_seq: u64,
 }
 
 impl StateMachine {
@@ -127,7 +127,6 @@ impl StateMachine {
             }),
             backend,
             stored: Arc::new(Mutex::new(stored.and_then(|s| s.meta.last_log_id))),
-            snapshot_seq: 0,
         })
     }
 
@@ -168,9 +167,8 @@ async fn store_snapshot(
     stored: Arc<Mutex<Option<LogId>>>,
     meta: SnapshotMeta,
     data: Vec<u8>,
-) -> Result<Vec<u8>, StorageError> {
-    let subject = ErrorSubject::Snapshot(Some(meta.signature()));
-    let meta_bytes = encode(&meta).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
+) -> std::io::Result<Vec<u8>> {
+    let meta_bytes = encode(&meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
     let new_last = meta.last_log_id;
     blocking(move || {
         let mut current = stored.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,7 +182,6 @@ async fn store_snapshot(
         Ok(data)
     })
     .await
-    .map_err(|e: std::io::Error| io_err(subject, ErrorVerb::Write, e))
 }
 
 /// Builds a snapshot from the encoding taken when it was created.
@@ -196,7 +193,9 @@ pub struct SnapshotBuilder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> std::io::Result<Snapshot> {
         let data = std::mem::take(&mut self.data);
         let data = store_snapshot(
             self.backend.clone(),
@@ -207,28 +206,34 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await?;
         Ok(Snapshot {
             meta: self.meta.clone(),
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Cursor::new(data),
         })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+    async fn applied_state(&mut self) -> std::io::Result<(Option<LogId>, StoredMembership)> {
         let d = self.shared.read();
         Ok((d.last_applied, d.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcomes>, StorageError>
+    /// Applies a run of committed entries under one write lock, publishes
+    /// the new applied index, then answers each entry's waiter (the write
+    /// batcher checks the state is applied when it is answered).
+    async fn apply<S>(&mut self, entries: S) -> std::io::Result<()>
     where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        S: futures_util::Stream<Item = std::io::Result<EntryResponder<TypeConfig>>>
+            + Unpin
+            + OptionalSend,
     {
-        let mut responses = Vec::new();
+        let entries: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
+        let mut answers = Vec::with_capacity(entries.len());
         let last_index = {
             let mut d = self.shared.write();
-            for entry in entries {
+            for (entry, responder) in entries {
                 if let Some(prev) = d.last_applied {
                     if entry.log_id.index <= prev.index {
                         tracing::error!(
@@ -239,42 +244,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                 }
                 d.last_applied = Some(entry.log_id);
-                match entry.payload {
-                    EntryPayload::Blank => responses.push(Outcomes::default()),
+                let outcomes = match entry.payload {
+                    EntryPayload::Blank => Outcomes::default(),
                     EntryPayload::Normal(p) => {
                         self.shared
                             .log_bytes
                             .fetch_add(p.0.encoded_len() as u64, Ordering::Relaxed);
-                        let outs = p.0.updates.iter().map(|u| d.state.apply(u)).collect();
-                        responses.push(Outcomes(outs));
+                        Outcomes(p.0.updates.iter().map(|u| d.state.apply(u)).collect())
                     }
                     EntryPayload::Membership(m) => {
                         d.membership = StoredMembership::new(Some(entry.log_id), m);
-                        responses.push(Outcomes::default());
+                        Outcomes::default()
                     }
+                };
+                if let Some(r) = responder {
+                    answers.push((r, outcomes));
                 }
             }
             d.last_applied.map_or(0, |l| l.index)
         };
         self.shared.applied.send_replace(last_index);
-        Ok(responses)
+        for (r, outcomes) in answers {
+            r.send(outcomes);
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.snapshot_seq += 1;
         // Serialised with apply: encoding here is a point-in-time view.
         let d = self.shared.read();
         self.shared.log_bytes.store(0, Ordering::Relaxed);
-        let last = d.last_applied;
-        let snapshot_id = match last {
-            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.snapshot_seq),
-            None => format!("--{}", self.snapshot_seq),
-        };
         SnapshotBuilder {
             meta: SnapshotMeta {
-                last_log_id: last,
+                last_log_id: d.last_applied,
                 last_membership: d.membership.clone(),
-                snapshot_id,
             },
             data: d.state.encode_snapshot(),
             backend: self.backend.clone(),
@@ -282,19 +285,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
+        snapshot: SnapshotData,
+    ) -> std::io::Result<()> {
         let data = snapshot.into_inner();
-        let subject = ErrorSubject::Snapshot(Some(meta.signature()));
-        let state =
-            State::decode_snapshot(&data).map_err(|e| io_err(subject, ErrorVerb::Read, e))?;
+        let state = State::decode_snapshot(&data)
+            .map_err(|e| io_err("decoding the snapshot from the leader", e))?;
         store_snapshot(
             self.backend.clone(),
             self.stored.clone(),
@@ -303,7 +301,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         )
         .await?;
         self.shared.log_bytes.store(0, Ordering::Relaxed);
-        tracing::warn!(snapshot = %meta.snapshot_id, "installing a snapshot");
+        tracing::warn!(last_log_id = ?meta.last_log_id, "installing a snapshot");
         let index = {
             let mut d = self.shared.write();
             d.state = state;
@@ -315,20 +313,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+    async fn get_current_snapshot(&mut self) -> std::io::Result<Option<Snapshot>> {
         let backend = self.backend.clone();
         let stored = blocking(move || load_snapshot(backend.as_ref()))
             .await
-            .map_err(|e| {
-                io_err(
-                    ErrorSubject::Snapshot(None),
-                    ErrorVerb::Read,
-                    std::io::Error::other(e),
-                )
-            })?;
+            .map_err(std::io::Error::other)?;
         Ok(stored.map(|s| Snapshot {
             meta: s.meta,
-            snapshot: Box::new(Cursor::new(s.data)),
+            snapshot: Cursor::new(s.data),
         }))
     }
 }

@@ -102,9 +102,6 @@ openraft::declare_raft_types!(
         R = Outcomes,
         NodeId = u64,
         Node = openraft::BasicNode,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
 );
 
 /// Node ids are u64.
@@ -112,12 +109,20 @@ pub type NodeId = u64;
 /// A node's address record in the membership.
 pub type Node = openraft::BasicNode;
 /// A Raft log entry.
-pub type Entry = openraft::Entry<TypeConfig>;
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 /// openraft's storage error for this config.
-pub type StorageError = openraft::StorageError<NodeId>;
+pub type StorageError = openraft::StorageError<TypeConfig>;
 /// A log id.
-pub type LogId = openraft::LogId<NodeId>;
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+/// A vote.
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// The leader id a log id carries (term and node).
+pub type LeaderId = openraft::alias::CommittedLeaderIdOf<TypeConfig>;
 /// Snapshot metadata.
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Node>;
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 /// Membership with the log id that stored it.
-pub type StoredMembership = openraft::StoredMembership<NodeId, Node>;
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+/// What a snapshot carries: the encoded state.
+pub type SnapshotData = Cursor<Vec<u8>>;
+/// A snapshot with its metadata.
+pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;

@@ -1,4 +1,3 @@
-#![allow(clippy::result_large_err)]
 //! A data dir that is foreign, corrupted or not ours is refused with an error
 //! naming the path and the reason; a good one reopens with its state.
 
@@ -8,8 +7,8 @@ use std::path::Path;
 use journal::pb::{coordination::KvInsert, update::Command, UpdateBatch};
 use journal::Update;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
-use openraft::{CommittedLeaderId, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder};
-use storage::{Entry, Identity, Proposal};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
+use storage::{Entry, Identity, LeaderId, LogId, Proposal};
 use tempfile::TempDir;
 
 fn id(cluster: &str, node: u64) -> Identity {
@@ -17,6 +16,15 @@ fn id(cluster: &str, node: u64) -> Identity {
         cluster_id: cluster.into(),
         node_id: node,
     }
+}
+
+/// Committed entries as the state machine gets them (no waiters).
+fn stream(
+    entries: Vec<Entry>,
+) -> impl futures_util::Stream<
+    Item = std::io::Result<openraft::storage::EntryResponder<storage::TypeConfig>>,
+> + Unpin {
+    futures_util::stream::iter(entries.into_iter().map(|e| Ok((e, None))))
 }
 
 fn open_err(dir: &Path, identity: &Identity) -> String {
@@ -36,7 +44,13 @@ fn kv_entry(index: u64, key: &str) -> Entry {
         ..Default::default()
     };
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        log_id: LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ),
         payload: EntryPayload::Normal(Proposal(UpdateBatch { updates: vec![u] })),
     }
 }
@@ -118,7 +132,13 @@ fn a_truncated_database_is_refused() {
                 let e = kv_entry(i, &big);
                 log.write_entries([e]).await.unwrap();
             }
-            let committed = LogId::new(CommittedLeaderId::new(1, 1), 200);
+            let committed = LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                200,
+            );
             log.save_committed(Some(committed)).await.unwrap();
         });
     }
@@ -162,7 +182,7 @@ async fn snapshot_of_ten(dir: &Path) {
     let (log, mut sm) = storage::open(dir, 8 << 20, &id("c1", 1)).unwrap();
     let entries: Vec<Entry> = (1..=10).map(|i| kv_entry(i, &format!("k{i}"))).collect();
     log.write_entries(entries.clone()).await.unwrap();
-    sm.apply(entries).await.unwrap();
+    sm.apply(stream(entries)).await.unwrap();
     sm.get_snapshot_builder()
         .await
         .build_snapshot()
@@ -251,10 +271,10 @@ async fn state_is_rebuilt_from_snapshot_plus_log() {
         for e in &entries {
             log.write_entries([e.clone()]).await.unwrap();
         }
-        sm.apply(entries[..10].to_vec()).await.unwrap();
+        sm.apply(stream(entries[..10].to_vec())).await.unwrap();
         let mut b = sm.get_snapshot_builder().await;
         b.build_snapshot().await.unwrap();
-        sm.apply(entries[10..].to_vec()).await.unwrap();
+        sm.apply(stream(entries[10..].to_vec())).await.unwrap();
         digest = sm.handle().digest_hex();
     }
     let (mut log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
@@ -263,7 +283,7 @@ async fn state_is_rebuilt_from_snapshot_plus_log() {
     assert_eq!(applied.unwrap().index, 10);
     let rest = log.try_get_log_entries(11..=20).await.unwrap();
     assert_eq!(rest.len(), 10);
-    sm.apply(rest).await.unwrap();
+    sm.apply(stream(rest)).await.unwrap();
     assert_eq!(sm.handle().digest_hex(), digest);
     assert!(sm
         .handle()
@@ -283,7 +303,7 @@ async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
     let dir = TempDir::new().unwrap();
     let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
     let entries: Vec<Entry> = (1..=5).map(|i| kv_entry(i, &format!("k{i}"))).collect();
-    sm.apply(entries).await.unwrap();
+    sm.apply(stream(entries)).await.unwrap();
     // A build starts at index 5 ...
     let mut late = sm.get_snapshot_builder().await;
     // ... while a snapshot at index 500 arrives from the leader.
@@ -298,11 +318,16 @@ async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
     };
     leader_state.apply(&u);
     let meta = storage::SnapshotMeta {
-        last_log_id: Some(LogId::new(CommittedLeaderId::new(2, 2), 500)),
+        last_log_id: Some(LogId::new(
+            LeaderId {
+                term: 2,
+                node_id: 2,
+            },
+            500,
+        )),
         last_membership: Default::default(),
-        snapshot_id: "leader-500".into(),
     };
-    sm.install_snapshot(&meta, Box::new(Cursor::new(leader_state.encode_snapshot())))
+    sm.install_snapshot(&meta, Cursor::new(leader_state.encode_snapshot()))
         .await
         .unwrap();
     late.build_snapshot().await.unwrap();

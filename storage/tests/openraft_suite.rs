@@ -1,7 +1,6 @@
-#![allow(clippy::result_large_err)]
 //! openraft's own storage test suite against the sled store on a temp dir.
 
-use openraft::testing::{StoreBuilder, Suite};
+use openraft::testing::log::{StoreBuilder, Suite};
 use storage::{Identity, LogStore, StateMachine, StorageError, TypeConfig};
 use tempfile::TempDir;
 
@@ -19,7 +18,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for SledBuilder {
     }
 }
 
-#[test]
-fn passes_the_openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(SledBuilder)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(SledBuilder).await
 }

@@ -243,7 +243,8 @@ async fn a_wiped_node_rejoins_as_a_new_member() {
     .await;
 }
 
-/// openraft 0.9 restores a restarted leader as leader of its old term, with
+/// openraft (0.9; 0.10 with `enable_leader_restore`, its default) restores a
+/// restarted leader as leader of its old term, with
 /// the commit index it read from disk, which can be one entry behind its
 /// last acknowledged write (openraft issue #1511). A read served by it
 /// before its first replication round trip would miss that write. Each
@@ -341,10 +342,18 @@ async fn forwarded_increments_count_once_across_leader_kills_under_load() {
     use std::sync::{Arc, Mutex};
     let mut cluster = Cluster::start(3, &["--tasks", "1", "--max-outcomes-per-client", "16"]);
     let l = leader(&cluster, &[0, 1, 2]).await;
-    let si = coordstore_tests::try_status(&cluster.nodes[l].addr)
-        .await
-        .expect("status")
-        .service_incarnation;
+    // The incarnation is drawn by the leader once it took over: wait for it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let si = loop {
+        let s = coordstore_tests::try_status(&cluster.nodes[l].addr).await;
+        match s.map(|s| s.service_incarnation) {
+            Some(si) if si != 0 => break si,
+            _ if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            _ => panic!("no service incarnation within {WAIT:?}"),
+        }
+    };
     // Every client dials the current target (a follower) per call.
     let target = Arc::new(Mutex::new(cluster.nodes[(l + 1) % 3].addr.clone()));
     let stop = Arc::new(AtomicBool::new(false));

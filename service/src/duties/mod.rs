@@ -19,6 +19,7 @@ use std::time::Duration;
 use journal::Update;
 
 use crate::leader::LocalLeader;
+use raft::WatchReceiver;
 
 /// Timer granularity of the leader runtime.
 pub const TICK: Duration = Duration::from_millis(100);
