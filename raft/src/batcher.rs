@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use journal::pb::UpdateBatch;
 use journal::{Outcome, Update};
-use openraft::errors::{ClientWriteError, ForwardToLeader};
+use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader};
 use openraft::impls::ProgressResponder;
 use prost::Message;
 use storage::{NodeId, Proposal, TypeConfig};
@@ -45,6 +45,11 @@ pub enum ProposeError {
 
 impl ProposeError {
     pub(crate) fn not_leader(f: ForwardToLeader<TypeConfig>) -> Self {
+        if f.reason == ForwardReason::LeaseExpired {
+            // This node leads, but no quorum acknowledged it within its lease
+            // (also right after an election, until the first round trip).
+            return ProposeError::Unavailable("the leader's quorum lease expired; retry".into());
+        }
         ProposeError::NotLeader {
             leader_id: f.leader_id,
             leader_addr: f.leader_node.map(|n| n.addr),

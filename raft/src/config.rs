@@ -71,7 +71,9 @@ impl RaftSettings {
             heartbeat_interval: self.heartbeat_interval_ms,
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
-            install_snapshot_timeout: 10_000.max(self.election_timeout_max_ms),
+            // openraft 0.10 sends a snapshot whole: the limit covers the
+            // transfer and the install of all of it.
+            install_snapshot_timeout: 60_000.max(self.election_timeout_max_ms),
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
             max_in_snapshot_log_to_keep: self.keep_entries_behind_snapshot,
             // Keep replication streaming (not snapshotting) for lagging peers
@@ -84,7 +86,10 @@ impl RaftSettings {
             // follower and campaigns in a new term, committing a fresh entry
             // before it serves: restored as leader of its old term, it would
             // serve reads with the commit index it found on disk, which can
-            // be behind what it acknowledged (openraft #1511).
+            // be behind what it acknowledged (openraft #1511). Required for
+            // safety with the log flusher too: a restored leader that lost
+            // its unflushed tail would propose another entry under a log id
+            // its followers already hold. Never turn it back on.
             enable_leader_restore: Some(false),
             ..Default::default()
         };

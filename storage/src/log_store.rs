@@ -62,6 +62,11 @@ enum Flush {
     Append(IOFlushed<TypeConfig>),
     /// Report every append queued before this, then answer.
     Barrier(tokio::sync::oneshot::Sender<()>),
+    /// The log is committed up to this index: noted in the marker file once
+    /// every append queued before it is durable (openraft commits entries
+    /// this node has only submitted, and the marker must never get ahead of
+    /// the durable log: a start-up refuses a log that ends before it).
+    Committed(u64),
 }
 
 impl LogStore {
@@ -125,6 +130,17 @@ impl LogStore {
         .await
     }
 
+    /// Waits until every append and commit note queued so far was flushed
+    /// and reported.
+    pub async fn wait_flushed(&self) -> io::Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.flusher
+            .send(Flush::Barrier(tx))
+            .map_err(|_| io::Error::other("the log flusher stopped"))?;
+        rx.await
+            .map_err(|_| io::Error::other("the log flusher stopped"))
+    }
+
     /// Decodes one stored entry.
     fn decode_entry(bytes: &[u8]) -> io::Result<Entry> {
         decode(bytes).map_err(|e| io_err("decoding a log entry", e))
@@ -171,18 +187,22 @@ fn flush_loop(backend: &std::sync::Weak<dyn Backend>, queue: mpsc::Receiver<Flus
     while let Ok(first) = queue.recv() {
         let mut done = Vec::new();
         let mut barriers = Vec::new();
+        let mut committed = None;
         for job in std::iter::once(first).chain(queue.try_iter()) {
             match job {
                 Flush::Append(cb) => done.push(cb),
                 Flush::Barrier(tx) => barriers.push(tx),
+                Flush::Committed(i) => committed = committed.max(Some(i)),
             }
         }
+        // Appends queued before this pass were flushed by an earlier one.
+        let mut flushed = Ok(());
         if !done.is_empty() {
-            let flushed = match backend.upgrade() {
+            flushed = match backend.upgrade() {
                 Some(b) => b.flush(),
                 None => Err(io::Error::other("the database is closed")),
             };
-            match flushed {
+            match &flushed {
                 Ok(()) => done.into_iter().for_each(|cb| cb.io_completed(Ok(()))),
                 Err(e) => {
                     tracing::error!("flushing the log failed: {e}");
@@ -191,6 +211,9 @@ fn flush_loop(backend: &std::sync::Weak<dyn Backend>, queue: mpsc::Receiver<Flus
                     }
                 }
             }
+        }
+        if let (Ok(()), Some(index), Some(b)) = (&flushed, committed, backend.upgrade()) {
+            b.note_committed(index);
         }
         for b in barriers {
             let _ = b.send(());
@@ -256,7 +279,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not flushed: losing it only means re-applying a little less at start.
         self.put_meta(COMMITTED_KEY, &committed, false).await?;
         if let Some(c) = committed {
-            self.backend.note_committed(c.index);
+            // After the flush of every append queued before it.
+            let _ = self.flusher.send(Flush::Committed(c.index));
         }
         Ok(())
     }
@@ -273,8 +297,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let records = Self::encode_entries(entries)?;
-        // sled's apply_batch works in memory; its I/O is in the flush.
-        self.backend.log_append(&records)?;
+        // Off the Raft core's task: sled's apply_batch waits for its write
+        // lock, which a running flush holds.
+        let backend = self.backend.clone();
+        blocking(move || backend.log_append(&records)).await?;
         if let Err(mpsc::SendError(Flush::Append(callback))) =
             self.flusher.send(Flush::Append(callback))
         {
@@ -288,12 +314,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Truncation waits until every earlier append was flushed and
     /// reported, so no report ever covers entries already removed.
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.flusher
-            .send(Flush::Barrier(tx))
-            .map_err(|_| io::Error::other("the log flusher stopped"))?;
-        rx.await
-            .map_err(|_| io::Error::other("the log flusher stopped"))?;
+        self.wait_flushed().await?;
         let from = last_log_id.map_or(0, |l| l.index + 1);
         let backend = self.backend.clone();
         blocking(move || backend.log_truncate(from)).await

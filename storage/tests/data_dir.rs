@@ -140,6 +140,8 @@ fn a_truncated_database_is_refused() {
                 200,
             );
             log.save_committed(Some(committed)).await.unwrap();
+            // The marker is written by the flusher, after the log is durable.
+            log.wait_flushed().await.unwrap();
         });
     }
     let db = dir.path().join("db");
