@@ -359,25 +359,6 @@ impl StallRow {
     }
 }
 
-fn job_args(dispatcher: &str) -> Vec<String> {
-    [
-        "client",
-        "--dispatcher",
-        dispatcher,
-        "--scenario",
-        "slow",
-        "--workers",
-        "2",
-        "--n",
-        "40",
-        "--deadline",
-        "200",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
 fn worker_proc(dispatcher: &str) -> PyProc {
     let args: Vec<String> = ["worker", "--dispatcher", dispatcher]
         .iter()
@@ -392,36 +373,82 @@ fn worker_proc(dispatcher: &str) -> PyProc {
     )
 }
 
-/// Two workers and a slow client on `dispatcher`; `kill` runs when the
-/// client is 90% through its epoch. The client's stall line.
-fn stall_of(dispatcher: &str, kill: impl FnOnce()) -> anyhow::Result<(f64, f64)> {
+/// Something to run once the client printed a line: (the line, the action).
+type AtLine<'a> = Option<(&'a str, Box<dyn FnOnce() + 'a>)>;
+
+/// Two workers and a client running `scenario` over range(`n`) on
+/// `dispatcher`; `at_line` runs once the client printed `line` (if any).
+/// The detail of the client's `check` line, whose fields are read as f64.
+fn client_run(
+    dispatcher: &str,
+    scenario: &str,
+    n: u32,
+    at_line: AtLine<'_>,
+    check: &str,
+    fields: [&str; 2],
+) -> anyhow::Result<(f64, f64)> {
     let mut workers = [worker_proc(dispatcher), worker_proc(dispatcher)];
     for w in &mut workers {
         w.wait_line("READY", Duration::from_secs(120));
     }
+    let n = n.to_string();
+    let args: Vec<String> = [
+        "client",
+        "--dispatcher",
+        dispatcher,
+        "--scenario",
+        scenario,
+        "--workers",
+        "2",
+        "--n",
+        &n,
+        "--deadline",
+        "200",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let mut client = PyProc::spawn_with(
         &tf_python(),
         "tfdata_job.py",
-        &job_args(dispatcher),
+        &args,
         &std::env::temp_dir(),
         &[],
     );
-    client.wait_line("NEAR_END", Duration::from_secs(120));
-    kill();
+    if let Some((line, run)) = at_line {
+        client.wait_line(line, Duration::from_secs(120));
+        run();
+    }
     let status = client.wait_exit(Duration::from_secs(240));
     anyhow::ensure!(
         status.success() && client.failed_checks().is_empty(),
         "the client failed: {}",
         client.report()
     );
+    let want = format!("\"check\": \"{check}\"");
     let line = client
         .lines()
         .into_iter()
-        .find(|l| l.contains("\"check\": \"stall\""))
-        .ok_or_else(|| anyhow::anyhow!("no stall line"))?;
+        .find(|l| l.contains(&want))
+        .ok_or_else(|| anyhow::anyhow!("no {check} line"))?;
     let v: serde_json::Value = serde_json::from_str(&line)?;
     let f = |k: &str| v["detail"][k].as_f64().unwrap_or(f64::NAN);
-    Ok((f("max_gap_s"), f("end_s")))
+    Ok((f(fields[0]), f(fields[1])))
+}
+
+/// Two workers and a slow client on `dispatcher`; `kill` runs when the
+/// client is 90% through its epoch. The longest wait for an element and the
+/// wait for the epoch's end.
+fn stall_of(dispatcher: &str, kill: impl FnOnce()) -> anyhow::Result<(f64, f64)> {
+    let kill: Box<dyn FnOnce() + '_> = Box::new(kill);
+    client_run(
+        dispatcher,
+        "slow",
+        40,
+        Some(("NEAR_END", kill)),
+        "stall",
+        ["max_gap_s", "end_s"],
+    )
 }
 
 /// Time from `distribute()` to the first element.
@@ -436,49 +463,10 @@ pub struct FirstRow {
 }
 
 /// Two workers on `dispatcher` and a client timing ten fresh jobs from
-/// `distribute()` to their first element (after one warm-up job).
+/// `distribute()` to their first element (after one warm-up job): p50 and
+/// max, s.
 fn first_of(dispatcher: &str) -> anyhow::Result<(f64, f64)> {
-    let mut workers = [worker_proc(dispatcher), worker_proc(dispatcher)];
-    for w in &mut workers {
-        w.wait_line("READY", Duration::from_secs(120));
-    }
-    let args: Vec<String> = [
-        "client",
-        "--dispatcher",
-        dispatcher,
-        "--scenario",
-        "first",
-        "--workers",
-        "2",
-        "--n",
-        "10",
-        "--deadline",
-        "200",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut client = PyProc::spawn_with(
-        &tf_python(),
-        "tfdata_job.py",
-        &args,
-        &std::env::temp_dir(),
-        &[],
-    );
-    let status = client.wait_exit(Duration::from_secs(240));
-    anyhow::ensure!(
-        status.success() && client.failed_checks().is_empty(),
-        "the client failed: {}",
-        client.report()
-    );
-    let line = client
-        .lines()
-        .into_iter()
-        .find(|l| l.contains("\"check\": \"first\""))
-        .ok_or_else(|| anyhow::anyhow!("no first-element line"))?;
-    let v: serde_json::Value = serde_json::from_str(&line)?;
-    let f = |k: &str| v["detail"][k].as_f64().unwrap_or(f64::NAN);
-    Ok((f("p50_s"), f("max_s")))
+    client_run(dispatcher, "first", 10, None, "first", ["p50_s", "max_s"])
 }
 
 /// Time to the first element on TF's dispatcher (in memory and fault
