@@ -181,7 +181,7 @@ async fn append_journal(
         let i = index - after - 1;
         Entry {
             log_id: LogId::new(leader, index),
-            payload: EntryPayload::Normal(Proposal(UpdateBatch {
+            payload: EntryPayload::Normal(Proposal::new(UpdateBatch {
                 updates: vec![Update {
                     command: Some(Cmd::from(KvInsert {
                         key: format!("replay/{}", i % KEYS),

@@ -11,13 +11,14 @@
 //! synchronous and durable when they return, which also covers every append
 //! before them, so vote and log writes never reorder on disk.
 
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogReader};
+use openraft::{EntryPayload, OptionalSend, RaftLogReader};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -49,11 +50,105 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
     }
 }
 
-/// The log store of one node. Clones share the same backend and flusher.
+/// The log store of one node. Clones share the same backend, flusher and
+/// tail.
 #[derive(Clone)]
 pub struct LogStore {
     backend: Arc<dyn Backend>,
     flusher: mpsc::Sender<Flush>,
+    tail: Arc<Mutex<Tail>>,
+}
+
+/// Most entries the in-memory tail keeps.
+const TAIL_MAX_ENTRIES: usize = 4096;
+/// Most payload bytes the in-memory tail keeps.
+const TAIL_MAX_BYTES: usize = 32 << 20;
+
+/// The newest appended entries, contiguous, as appended: replication reads
+/// what was just appended from here, without a disk read and a decode per
+/// follower (etcd's unstable log plays this part). Always a suffix of what
+/// the backend holds: appends, truncations and purges change both.
+#[derive(Default)]
+struct Tail {
+    entries: VecDeque<Entry>,
+    bytes: usize,
+}
+
+fn payload_len(e: &Entry) -> usize {
+    match &e.payload {
+        EntryPayload::Normal(p) => p.encoded_len(),
+        _ => 0,
+    }
+}
+
+impl Tail {
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.log_id.index)
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(e) = self.entries.pop_front() {
+            self.bytes -= payload_len(&e);
+        }
+    }
+
+    /// Adds entries just written after the last one (anything else starts
+    /// the tail again), then trims it to its bounds.
+    fn push(&mut self, entries: &[Entry]) {
+        let Some(first) = entries.first() else {
+            return;
+        };
+        let next = self.entries.back().map(|e| e.log_id.index + 1);
+        if next != Some(first.log_id.index) {
+            self.clear();
+        }
+        for e in entries {
+            self.bytes += payload_len(e);
+            self.entries.push_back(e.clone());
+        }
+        while self.entries.len() > TAIL_MAX_ENTRIES
+            || (self.bytes > TAIL_MAX_BYTES && self.entries.len() > 1)
+        {
+            self.pop_front();
+        }
+    }
+
+    /// Drops entries from index `from` on.
+    fn truncate(&mut self, from: u64) {
+        while self.entries.back().is_some_and(|e| e.log_id.index >= from) {
+            if let Some(e) = self.entries.pop_back() {
+                self.bytes -= payload_len(&e);
+            }
+        }
+    }
+
+    /// Drops entries up to index `upto`.
+    fn purge(&mut self, upto: u64) {
+        while self.first_index().is_some_and(|i| i <= upto) {
+            self.pop_front();
+        }
+    }
+
+    /// Entries `from..to` if the tail holds all of them.
+    fn range(&self, from: u64, to: u64) -> Option<Vec<Entry>> {
+        let first = self.first_index()?;
+        let end = first + self.entries.len() as u64;
+        if from < first || to > end || from > to {
+            return None;
+        }
+        let skip = (from - first) as usize;
+        Some(
+            self.entries
+                .range(skip..skip + (to - from) as usize)
+                .cloned()
+                .collect(),
+        )
+    }
 }
 
 /// Work for the flusher thread.
@@ -79,7 +174,15 @@ impl LogStore {
             .name(format!("log-flusher-{node_id}"))
             .spawn(move || flush_loop(&b, queue))
             .expect("spawn the log flusher thread");
-        LogStore { backend, flusher }
+        LogStore {
+            backend,
+            flusher,
+            tail: Arc::default(),
+        }
+    }
+
+    fn tail(&self) -> MutexGuard<'_, Tail> {
+        self.tail.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn meta<T: DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
@@ -107,11 +210,13 @@ impl LogStore {
         self.meta(LAST_PURGED_KEY)
     }
 
-    fn encode_entries(entries: impl IntoIterator<Item = Entry>) -> io::Result<Vec<(u64, Vec<u8>)>> {
+    fn encode_entries<'a>(
+        entries: impl IntoIterator<Item = &'a Entry>,
+    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         entries
             .into_iter()
             .map(|e| {
-                encode(&e)
+                encode(e)
                     .map(|bytes| (e.log_id.index, bytes))
                     .map_err(|err| io_err("encoding a log entry", err))
             })
@@ -121,7 +226,9 @@ impl LogStore {
     /// Writes entries in one batch and flushes before returning. For tools
     /// and tests that build a journal without a running Raft node.
     pub async fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> io::Result<()> {
-        let records = Self::encode_entries(entries)?;
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let records = Self::encode_entries(&entries)?;
+        self.tail().clear();
         let backend = self.backend.clone();
         blocking(move || {
             backend.log_append(&records)?;
@@ -236,6 +343,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(x) => *x,
             Bound::Unbounded => u64::MAX,
         };
+        if let Some(entries) = self.tail().range(from, to) {
+            return Ok(entries);
+        }
         let backend = self.backend.clone();
         let records = blocking(move || backend.log_range(from, to)).await?;
         records
@@ -296,11 +406,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let records = Self::encode_entries(entries)?;
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let records = Self::encode_entries(&entries)?;
         // Off the Raft core's task: sled's apply_batch waits for its write
         // lock, which a running flush holds.
         let backend = self.backend.clone();
         blocking(move || backend.log_append(&records)).await?;
+        self.tail().push(&entries);
         if let Err(mpsc::SendError(Flush::Append(callback))) =
             self.flusher.send(Flush::Append(callback))
         {
@@ -316,6 +428,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
         self.wait_flushed().await?;
         let from = last_log_id.map_or(0, |l| l.index + 1);
+        self.tail().truncate(from);
         let backend = self.backend.clone();
         blocking(move || backend.log_truncate(from)).await
     }
@@ -323,7 +436,107 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         // Record the purge point first; the batch delete and its flush follow.
         self.put_meta(LAST_PURGED_KEY, &log_id, false).await?;
+        self.tail().purge(log_id.index);
         let backend = self.backend.clone();
         blocking(move || backend.log_purge(log_id.index)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{LeaderId, Proposal};
+    use journal::pb::{coordination::KvInsert, update::Command as Cmd, UpdateBatch};
+
+    fn entry(index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
+            payload: EntryPayload::Normal(Proposal::default()),
+        }
+    }
+
+    fn entries(r: std::ops::Range<u64>) -> Vec<Entry> {
+        r.map(entry).collect()
+    }
+
+    fn indexes(v: Option<Vec<Entry>>) -> Option<Vec<u64>> {
+        v.map(|v| v.iter().map(|e| e.log_id.index).collect())
+    }
+
+    #[test]
+    fn the_tail_serves_only_ranges_it_holds_whole() {
+        let mut t = Tail::default();
+        assert_eq!(indexes(t.range(1, 2)), None);
+        t.push(&entries(5..10));
+        assert_eq!(indexes(t.range(5, 10)), Some((5..10).collect()));
+        assert_eq!(indexes(t.range(7, 9)), Some(vec![7, 8]));
+        assert_eq!(indexes(t.range(7, 7)), Some(vec![]));
+        assert_eq!(indexes(t.range(4, 9)), None, "starts before the tail");
+        assert_eq!(indexes(t.range(6, 11)), None, "ends after the tail");
+        assert_eq!(indexes(t.range(8, 7)), None);
+    }
+
+    #[test]
+    fn a_gap_or_overlap_starts_the_tail_again() {
+        let mut t = Tail::default();
+        t.push(&entries(1..4));
+        t.push(&entries(4..6));
+        assert_eq!(indexes(t.range(1, 6)), Some((1..6).collect()));
+        t.push(&entries(8..9));
+        assert_eq!(indexes(t.range(5, 6)), None);
+        assert_eq!(indexes(t.range(8, 9)), Some(vec![8]));
+        t.push(&entries(3..5));
+        assert_eq!(indexes(t.range(8, 9)), None);
+        assert_eq!(indexes(t.range(3, 5)), Some(vec![3, 4]));
+    }
+
+    #[test]
+    fn truncate_and_purge_cut_the_tail() {
+        let mut t = Tail::default();
+        t.push(&entries(1..11));
+        t.truncate(8);
+        assert_eq!(indexes(t.range(1, 8)), Some((1..8).collect()));
+        assert_eq!(indexes(t.range(7, 9)), None);
+        t.purge(3);
+        assert_eq!(indexes(t.range(3, 5)), None);
+        assert_eq!(indexes(t.range(4, 8)), Some((4..8).collect()));
+        // After a truncation the next append continues where it cut.
+        t.push(&entries(8..9));
+        assert_eq!(indexes(t.range(4, 9)), Some((4..9).collect()));
+        t.purge(100);
+        assert_eq!(indexes(t.range(8, 9)), None);
+        assert_eq!(t.bytes, 0);
+    }
+
+    #[test]
+    fn the_tail_keeps_to_its_bounds() {
+        let mut t = Tail::default();
+        let n = TAIL_MAX_ENTRIES as u64;
+        t.push(&entries(1..n + 11));
+        assert_eq!(t.entries.len(), TAIL_MAX_ENTRIES);
+        assert_eq!(t.first_index(), Some(11));
+        // Bytes: one big entry pushes out everything before it.
+        let big = Entry {
+            payload: EntryPayload::Normal(Proposal::new(UpdateBatch {
+                updates: vec![journal::Update {
+                    command: Some(Cmd::from(KvInsert {
+                        key: "k".into(),
+                        value: vec![0; TAIL_MAX_BYTES].into(),
+                        allow_overwrite: true,
+                    })),
+                    ..Default::default()
+                }],
+            })),
+            ..entry(n + 11)
+        };
+        t.push(&[big]);
+        assert_eq!(t.entries.len(), 1);
+        assert_eq!(indexes(t.range(n + 11, n + 12)), Some(vec![n + 11]));
     }
 }

@@ -17,7 +17,6 @@ use futures_util::TryStreamExt;
 use journal::State;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -249,8 +248,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     EntryPayload::Normal(p) => {
                         self.shared
                             .log_bytes
-                            .fetch_add(p.0.encoded_len() as u64, Ordering::Relaxed);
-                        Outcomes(p.0.updates.iter().map(|u| d.state.apply(u)).collect())
+                            .fetch_add(p.encoded_len() as u64, Ordering::Relaxed);
+                        Outcomes(p.batch().updates.iter().map(|u| d.state.apply(u)).collect())
                     }
                     EntryPayload::Membership(m) => {
                         d.membership = StoredMembership::new(Some(entry.log_id), m);

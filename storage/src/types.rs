@@ -2,15 +2,58 @@
 //! of journal updates (group commit), its response the outcomes in order.
 
 use std::io::Cursor;
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 use journal::pb::{Outcome, UpdateBatch};
 use prost::Message;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The payload of one Raft entry: every update the write batcher packed into
-/// it. Serialised as the prost encoding of [`UpdateBatch`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Proposal(pub UpdateBatch);
+/// it. Serialised as the prost encoding of [`UpdateBatch`], which it keeps
+/// beside the decoded batch: the batch is encoded once where it is proposed
+/// and decoded once where it arrives, and writing it to the log or to a peer
+/// copies those bytes. Clones share both.
+#[derive(Clone, Debug, Default)]
+pub struct Proposal {
+    batch: Arc<UpdateBatch>,
+    encoded: Bytes,
+}
+
+impl Proposal {
+    /// A proposal of `batch` (encodes it).
+    pub fn new(batch: UpdateBatch) -> Proposal {
+        Proposal {
+            encoded: batch.encode_to_vec().into(),
+            batch: Arc::new(batch),
+        }
+    }
+
+    /// Decodes a proposal from its prost encoding.
+    pub fn decode(encoded: Bytes) -> Result<Proposal, prost::DecodeError> {
+        Ok(Proposal {
+            batch: Arc::new(UpdateBatch::decode(encoded.clone())?),
+            encoded,
+        })
+    }
+
+    /// The updates.
+    pub fn batch(&self) -> &UpdateBatch {
+        &self.batch
+    }
+
+    /// Length of the encoding.
+    pub fn encoded_len(&self) -> usize {
+        self.encoded.len()
+    }
+}
+
+impl PartialEq for Proposal {
+    fn eq(&self, other: &Self) -> bool {
+        self.encoded == other.encoded
+    }
+}
 
 /// The outcomes of a [`Proposal`], one per update, in order. Empty for blank
 /// and membership entries.
@@ -19,7 +62,7 @@ pub struct Outcomes(pub Vec<Outcome>);
 
 impl std::fmt::Display for Proposal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Proposal({} updates)", self.0.updates.len())
+        write!(f, "Proposal({} updates)", self.batch.updates.len())
     }
 }
 
@@ -34,13 +77,14 @@ fn de_prost<'de, M: Message + Default, D: Deserializer<'de>>(d: D) -> Result<M, 
 
 impl Serialize for Proposal {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        ser_prost(&self.0, s)
+        s.serialize_bytes(&self.encoded)
     }
 }
 
 impl<'de> Deserialize<'de> for Proposal {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        de_prost(d).map(Proposal)
+        let bytes: serde_bytes_compat::ByteBuf = Deserialize::deserialize(d)?;
+        Proposal::decode(bytes.0.into()).map_err(serde::de::Error::custom)
     }
 }
 
@@ -126,3 +170,36 @@ pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotData = Cursor<Vec<u8>>;
 /// A snapshot with its metadata.
 pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use journal::pb::{coordination::KvInsert, update::Command as Cmd};
+
+    #[test]
+    fn a_proposal_is_stored_as_the_prost_encoding_of_its_batch() {
+        let batch = UpdateBatch {
+            updates: vec![journal::Update {
+                command: Some(Cmd::from(KvInsert {
+                    key: "k".into(),
+                    value: b"v".to_vec().into(),
+                    allow_overwrite: true,
+                })),
+                ..Default::default()
+            }],
+        };
+        let p = Proposal::new(batch.clone());
+        let stored = bincode::serialize(&p).unwrap();
+        // bincode's bytes: a u64 length, then the bytes (the log format of
+        // every earlier build).
+        let prost = batch.encode_to_vec();
+        assert_eq!(stored[..8], (prost.len() as u64).to_le_bytes());
+        assert_eq!(stored[8..], prost[..]);
+        let back: Proposal = bincode::deserialize(&stored).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.batch(), &batch);
+        assert!(
+            bincode::deserialize::<Proposal>(&[3, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff]).is_err()
+        );
+    }
+}

@@ -51,7 +51,7 @@ fn kv_entry(index: u64, key: &str) -> Entry {
             },
             index,
         ),
-        payload: EntryPayload::Normal(Proposal(UpdateBatch { updates: vec![u] })),
+        payload: EntryPayload::Normal(Proposal::new(UpdateBatch { updates: vec![u] })),
     }
 }
 
