@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/journal.proto",
         "proto/coordination.proto",
         "proto/dispatcher.proto",
+        "proto/closures.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -6,8 +6,8 @@
 //! and random values (incarnations) into the update.
 //!
 //! The state has **areas**, each one module with its own command, reply,
-//! state and errors: [`coordination`] and the tf.data [`dispatcher`]; the
-//! closure queue next. `State::apply` handles what the areas share (the
+//! state and errors: [`coordination`], the tf.data [`dispatcher`] and the
+//! [`closures`] queue. `State::apply` handles what the areas share (the
 //! cluster configuration and job epoch, exactly-once sessions) and hands an
 //! area's command to that area ([`area::Area`]). Areas never call each
 //! other: a cross-area effect (a task lost, a job epoch reset) reaches every
@@ -53,6 +53,11 @@ pub mod pb {
             "/coordstore.journal.dispatcher.rs"
         ));
     }
+
+    /// The closure-queue area's messages (`proto/closures.proto`).
+    pub mod closures {
+        include!(concat!(env!("OUT_DIR"), "/coordstore.journal.closures.rs"));
+    }
 }
 
 /// The encoding version of updates and snapshots. A data dir records the
@@ -61,6 +66,7 @@ pub mod pb {
 pub const FORMAT_VERSION: u32 = 2;
 
 pub mod area;
+pub mod closures;
 mod cluster;
 pub mod coordination;
 pub mod dispatcher;

@@ -7,6 +7,7 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 
 use crate::area::{Area, Context};
+use crate::closures;
 use crate::cluster::Cluster;
 use crate::coordination;
 use crate::dispatcher;
@@ -42,6 +43,7 @@ impl Default for State {
             data: StateData {
                 coordination: Some(Default::default()),
                 dispatcher: Some(Default::default()),
+                closures: Some(Default::default()),
                 ..Default::default()
             },
         }
@@ -135,6 +137,7 @@ pub fn client_proposable(command: &Command) -> bool {
             .command
             .as_ref()
             .is_some_and(dispatcher::client_proposable),
+        Command::Closures(c) => c.command.as_ref().is_some_and(closures::client_proposable),
     }
 }
 
@@ -143,12 +146,14 @@ pub fn client_proposable(command: &Command) -> bool {
 enum AreaId {
     Coordination,
     Dispatcher,
+    Closures,
 }
 
 /// Every area's state, borrowed apart from the shared part.
 struct Areas<'s> {
     coordination: &'s mut coordination::Data,
     dispatcher: &'s mut dispatcher::Data,
+    closures: &'s mut closures::Data,
 }
 
 impl State {
@@ -211,6 +216,13 @@ impl State {
                 self.tell_task_lost(AreaId::Dispatcher, &lost, u.at_ms);
                 out
             }
+            Command::Closures(c) => {
+                let mut lost = Vec::new();
+                let (mut cx, areas) = self.split(u.at_ms, &mut lost);
+                let out = areas.closures.apply(&mut cx, c);
+                self.tell_task_lost(AreaId::Closures, &lost, u.at_ms);
+                out
+            }
         }
     }
 
@@ -223,6 +235,7 @@ impl State {
             next_call_id,
             coordination,
             dispatcher,
+            closures,
             ..
         } = &mut self.data;
         let cx = Context {
@@ -238,6 +251,7 @@ impl State {
         let areas = Areas {
             coordination: coordination.get_or_insert_with(Default::default),
             dispatcher: dispatcher.get_or_insert_with(Default::default),
+            closures: closures.get_or_insert_with(Default::default),
         };
         (cx, areas)
     }
@@ -252,6 +266,9 @@ impl State {
             }
             if from != AreaId::Dispatcher {
                 areas.dispatcher.on_task_lost(&mut cx, task);
+            }
+            if from != AreaId::Closures {
+                areas.closures.on_task_lost(&mut cx, task);
             }
         }
     }
@@ -276,6 +293,7 @@ impl State {
         let (mut cx, areas) = self.split(at_ms, &mut lost);
         areas.coordination.on_init(&mut cx);
         areas.dispatcher.on_init(&mut cx);
+        areas.closures.on_init(&mut cx);
         Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
@@ -296,6 +314,7 @@ impl State {
         let (mut cx, areas) = self.split(at_ms, &mut lost);
         areas.coordination.on_epoch_reset(&mut cx);
         areas.dispatcher.on_epoch_reset(&mut cx);
+        areas.closures.on_epoch_reset(&mut cx);
         Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
@@ -413,6 +432,7 @@ impl State {
         let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
         data.coordination.get_or_insert_with(Default::default);
         data.dispatcher.get_or_insert_with(Default::default);
+        data.closures.get_or_insert_with(Default::default);
         if let Some(c) = &data.config {
             check_config(c).map_err(|e| SnapshotError(e.message))?;
         }
@@ -421,6 +441,9 @@ impl State {
             .check_snapshot(s.cluster())
             .map_err(SnapshotError)?;
         s.dispatcher_data()
+            .check_snapshot(s.cluster())
+            .map_err(SnapshotError)?;
+        s.closures_data()
             .check_snapshot(s.cluster())
             .map_err(SnapshotError)?;
         Ok(s)
@@ -465,6 +488,20 @@ impl State {
         dispatcher::Reader {
             data: self.dispatcher_data(),
         }
+    }
+
+    /// The closure-queue area, read-only.
+    pub fn closures(&self) -> closures::Reader<'_> {
+        closures::Reader {
+            data: self.closures_data(),
+        }
+    }
+
+    fn closures_data(&self) -> &closures::Data {
+        self.data
+            .closures
+            .as_ref()
+            .expect("every area's part is present")
     }
 
     fn dispatcher_data(&self) -> &dispatcher::Data {
