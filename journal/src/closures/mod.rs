@@ -14,8 +14,11 @@
 //! * `mark_finished`, `put_back`, `mark_failed`: the first error wins; what
 //!   is queued is cancelled; closures in flight when it struck are out of
 //!   generation: they are cancelled and their late results do not count;
-//! * `wait` (join) returns when nothing is queued or in flight, raises the
-//!   first error and clears it; `done` raises it too, else answers idleness.
+//! * `done` raises the first error and clears it, else answers whether
+//!   nothing is queued or in flight; `wait` (join) is `done` repeated by its
+//!   caller until it raises or answers idle (so the error is raised by a
+//!   call its caller proposed: a coordinator that died while joining never
+//!   swallows it).
 //!
 //! Beyond upstream: a closure whose lease lapses (its worker died) is put
 //! back by the leader ([`pb::closures::ExpireLeases`]); a closure finished
@@ -120,17 +123,6 @@ pub enum GetAnswer<'a> {
     Gone,
 }
 
-/// What a parked join reads of its call.
-#[derive(Clone, Debug, PartialEq)]
-pub enum JoinAnswer<'a> {
-    /// Still waiting.
-    Waiting,
-    /// The queue was idle, or another call raised the error.
-    Idle,
-    /// This call raised the queue's first error.
-    Raised(&'a ClosureError),
-}
-
 /// The closure-queue area, read-only.
 #[derive(Clone, Copy, Debug)]
 pub struct Reader<'a> {
@@ -187,20 +179,11 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// The answer of a parked join.
-    pub fn join_answer(&self, queue: &str, call_id: u64) -> JoinAnswer<'a> {
-        let Some(q) = self.queue(queue) else {
-            return JoinAnswer::Idle;
-        };
-        if q.join_waiters.contains(&call_id) {
-            return JoinAnswer::Waiting;
-        }
-        match q.answers.iter().rev().find(|a| a.call_id == call_id) {
-            Some(Answer {
-                raised: Some(e), ..
-            }) => JoinAnswer::Raised(e),
-            _ => JoinAnswer::Idle,
-        }
+    /// Whether a join of `queue` would answer now: it has an error to
+    /// raise, or nothing queued, pending or in flight (or it is gone).
+    pub fn join_ready(&self, queue: &str) -> bool {
+        self.queue(queue)
+            .is_none_or(|q| q.error.is_some() || q.is_idle())
     }
 
     /// Closures in flight whose lease ended at or before `now_ms`, by queue.
@@ -317,8 +300,7 @@ impl Q<'_> {
     }
 
     /// Restores the queue's invariants after a change: pending closures
-    /// fill free slots, queued closures go to live get waiters, and join
-    /// waiters are answered once the queue is idle or has an error.
+    /// fill free slots, and queued closures go to live get waiters.
     fn settle(&mut self) {
         let at = self.at_ms;
         self.q
@@ -340,33 +322,6 @@ impl Q<'_> {
                 self.push_answer(Answer {
                     call_id: w.call_id,
                     closure_id: a.closure_id,
-                    raised: None,
-                });
-            }
-        }
-        if self.q.join_waiters.is_empty() {
-            return;
-        }
-        if let Some(e) = self.q.error.take() {
-            let mut waiters = std::mem::take(&mut self.q.join_waiters).into_iter();
-            if let Some(first) = waiters.next() {
-                self.push_answer(Answer {
-                    call_id: first,
-                    closure_id: 0,
-                    raised: Some(e),
-                });
-            }
-            for w in waiters {
-                self.push_answer(Answer {
-                    call_id: w,
-                    ..Default::default()
-                });
-            }
-        } else if self.q.is_idle() {
-            for w in std::mem::take(&mut self.q.join_waiters) {
-                self.push_answer(Answer {
-                    call_id: w,
-                    ..Default::default()
                 });
             }
         }
@@ -622,22 +577,6 @@ impl Writer<'_, '_, '_> {
         Ok(answer(Reply::of(reply::Reply::Renewed(expired))))
     }
 
-    fn join(&mut self, c: &pb::closures::Join) -> Result<Outcome, pb::DomainError> {
-        let call_id = self.cx.next_call_id();
-        let q = self.queue(&c.queue)?;
-        if let Some(e) = q.q.error.take() {
-            return Ok(answer(Reply {
-                reply: None,
-                raised: Some(e),
-            }));
-        }
-        if q.q.is_idle() {
-            return Ok(Outcome::ok());
-        }
-        q.q.join_waiters.push(call_id);
-        Ok(Outcome::parked(call_id))
-    }
-
     fn done(&mut self, c: &pb::closures::Done) -> Result<Outcome, pb::DomainError> {
         let q = self.queue(&c.queue)?;
         if let Some(e) = q.q.error.take() {
@@ -709,7 +648,6 @@ impl Area for Data {
             Command::Fail(c) => w.fail(c),
             Command::PutBack(c) => w.put_back(c),
             Command::ExpireLeases(c) => w.expire_leases(c),
-            Command::Join(c) => w.join(c),
             Command::Done(c) => w.done(c),
             Command::Release(c) => w.release(c),
         }
@@ -785,7 +723,6 @@ crate::area::area_commands!(
     Fail,
     PutBack,
     ExpireLeases,
-    Join,
     Done,
     Release,
 );

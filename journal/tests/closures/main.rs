@@ -9,7 +9,7 @@ mod prop;
 mod queue;
 mod rules;
 
-use journal::closures::{Closure, ClosureState, GetAnswer, JoinAnswer};
+use journal::closures::{Closure, ClosureState, GetAnswer};
 use journal::pb::closures::{self as c, reply::Reply as R, Assigned, ClosureError};
 use journal::pb::{outcome, Code, Origin};
 use journal::{Outcome, State, Update};
@@ -122,10 +122,6 @@ impl T {
         accepted(&out)
     }
 
-    pub fn join(&mut self) -> Outcome {
-        self.run(c::Join { queue: Q.into() })
-    }
-
     pub fn done(&mut self) -> Outcome {
         self.run(c::Done { queue: Q.into() })
     }
@@ -144,10 +140,6 @@ impl T {
             GetAnswer::Waiting => None,
             GetAnswer::Gone => Some(0),
         }
-    }
-
-    pub fn join_answer(&self, call_id: u64) -> JoinAnswer<'_> {
-        self.s.closures().join_answer(Q, call_id)
     }
 
     pub fn queue(&self) -> &c::Queue {

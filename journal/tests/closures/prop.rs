@@ -78,7 +78,10 @@ proptest! {
                     t.run(c::Renew { queue: Q.into(), worker: worker(w) });
                 }
                 Op::Join => {
-                    t.join();
+                    let ready = t.s.closures().join_ready(Q);
+                    let out = t.done();
+                    let idle = reply(&out).reply == Some(R::Idle(true));
+                    prop_assert_eq!(ready, idle || raised(&out).is_some());
                 }
                 Op::Done => {
                     t.done();

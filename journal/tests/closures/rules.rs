@@ -144,47 +144,37 @@ fn put_raises_the_pending_error_once_and_its_closure_is_cancelled() {
 }
 
 #[test]
-fn join_returns_when_nothing_is_queued_or_in_flight() {
+fn join_is_ready_when_nothing_is_queued_or_in_flight() {
     let mut t = T::new(10);
-    let out = t.join();
-    assert!(!out.parked && !out.is_err() && raised(&out).is_none());
+    assert!(t.s.closures().join_ready(Q));
     let a = t.put_ok("a");
     let b = t.put_ok("b");
-    let j = t.join();
-    assert!(j.parked);
+    assert!(!t.s.closures().join_ready(Q));
     t.get_ok("w");
     t.finish(a, "w", "r");
-    assert_eq!(t.join_answer(j.call_id), JoinAnswer::Waiting);
+    assert!(!t.s.closures().join_ready(Q));
     t.get_ok("w");
+    assert!(!t.s.closures().join_ready(Q), "in flight");
     t.finish(b, "w", "r");
-    assert_eq!(t.join_answer(j.call_id), JoinAnswer::Idle);
+    assert!(t.s.closures().join_ready(Q));
+    assert_eq!(reply(&t.done()).reply, Some(R::Idle(true)));
 }
 
 #[test]
-fn join_raises_the_first_error_and_clears_it() {
+fn join_is_ready_at_the_first_error_which_one_call_raises_and_clears() {
     let mut t = T::new(10);
     let a = t.put_ok("a");
     t.put_ok("b");
-    let j1 = t.join();
-    let j2 = t.join();
-    assert!(j1.parked && j2.parked);
     t.get_ok("w");
     t.fail(a, "w", "boom");
-    match t.join_answer(j1.call_id) {
-        JoinAnswer::Raised(e) => assert_eq!(e.message, "boom"),
-        other => panic!("{other:?}"),
-    }
-    // The second waiter finds the error raised and the queue idle.
-    assert_eq!(t.join_answer(j2.call_id), JoinAnswer::Idle);
+    assert!(t.s.closures().join_ready(Q));
+    // Two joiners step: the first raises, the second finds the queue idle.
+    let first = t.done();
+    assert_eq!(raised(&first).expect("raised").message, "boom");
+    let second = t.done();
+    assert!(raised(&second).is_none());
+    assert_eq!(reply(&second).reply, Some(R::Idle(true)));
     assert!(t.queue().error.is_none());
-    // A join that arrives while an error is pending raises it at once.
-    let c = t.put_ok("c");
-    t.get_ok("w");
-    t.fail(c, "w", "again");
-    let out = t.join();
-    assert_eq!(raised(&out).expect("raised").message, "again");
-    let out = t.join();
-    assert!(raised(&out).is_none() && !out.parked);
 }
 
 #[test]
