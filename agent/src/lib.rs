@@ -10,6 +10,9 @@
 //!   at the next node with the same exactly-once origin.
 //! * [`preemption::PreemptionSyncManager`] — the preemption sync protocol of
 //!   seed 002 on the agent (same keys and barrier as JAX).
+//! * [`closures`] — the durable closure queue: a `Coordinator` (schedule,
+//!   join, done, fetch, attach after a coordinator's death) and a `Worker`
+//!   loop, TensorFlow `ClusterCoordinator` semantics (seed 004).
 //! * [`relay`] — the local proxy that keeps stock clients' connections alive.
 //!
 //! ```no_run
@@ -32,6 +35,7 @@
 //! ```
 
 mod agent;
+pub mod closures;
 pub mod endpoints;
 pub mod preemption;
 pub mod relay;

@@ -1,6 +1,6 @@
 //! coordstore-service: the front door of a node. Dialect adapters
 //! ([`dialect`], [`agent_api`]) translate wire calls into an area's calls
-//! ([`coordination`], [`dispatcher`]), which the [`router`] runs on the leader
+//! ([`coordination`], [`dispatcher`], [`closures`]), which the [`router`] runs on the leader
 //! wherever they arrive: the [`leader`] part stamps and proposes through
 //! Raft, followers forward, leader changes are waited out. The leader
 //! runtime ([`duties`]) runs one duty per area on the leader (liveness,
@@ -8,6 +8,7 @@
 //! beside coordstore's own `Node` API and the Raft peer service.
 
 pub mod agent_api;
+pub mod closures;
 pub mod config;
 pub mod coordination;
 pub mod ctl;

@@ -10,12 +10,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::agent_api::AgentApi;
+use crate::closures::ClosureApi;
 use crate::config::ServeConfig;
 use crate::coordination::Coordination;
 use crate::dialect::{tf::TfService, tfdata::TfDataService, xla::XlaService};
 use crate::dispatcher::Dispatcher;
 use crate::duties::{
-    cluster::ClusterDuty, coordination::CoordinationDuty, dispatcher::DispatcherDuty, LeaderRuntime,
+    closures::ClosuresDuty, cluster::ClusterDuty, coordination::CoordinationDuty,
+    dispatcher::DispatcherDuty, LeaderRuntime,
 };
 use crate::leader::LocalLeader;
 use crate::node_api::NodeApi;
@@ -79,6 +81,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         Arc::new(ClusterDuty::new(cfg.coordination.clone())),
         coordination_duty.clone(),
         dispatcher_duty.clone(),
+        Arc::new(ClosuresDuty),
     ]));
     let waits = Arc::new(Waits::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls));
     let router = Arc::new(Router::new(
@@ -104,6 +107,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(TfService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(TfDataService::server(dispatcher, cfg.max_message_bytes))
+        .add_service(ClosureApi::server(router.clone(), cfg.max_message_bytes))
         .add_service(AgentApi::server(coord, cfg.max_message_bytes));
     // Nagle off on accepted connections (tonic's own setting only covers the
     // listeners it binds itself): small replies must not wait for ACKs.

@@ -78,30 +78,55 @@ impl Waits {
         epoch: u64,
         mut check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> Result<Result<T, DomainError>, Status> {
-        self.wait_applied(log_index).await?;
-        let state = self.node.state();
-        let mut rx = state.subscribe();
-        let mut parked: Option<Parked<'_>> = None;
-        loop {
-            rx.borrow_and_update();
-            let answer = state.read(|s| {
+        let answer = self
+            .wait_until(log_index, None, |s| {
                 if s.epoch() != epoch {
                     Some(Err(journal::errors::epoch_reset()))
                 } else {
                     check(s)
                 }
-            });
-            if let Some(a) = answer {
-                return Ok(a);
+            })
+            .await?;
+        Ok(answer.expect("a wait without a deadline ends with an answer"))
+    }
+
+    /// Waits on the local state, from `log_index` on, until `check` answers
+    /// or `deadline` passes (`None`).
+    pub async fn wait_until<T>(
+        &self,
+        log_index: u64,
+        deadline: Option<tokio::time::Instant>,
+        mut check: impl FnMut(&State) -> Option<T>,
+    ) -> Result<Option<T>, Status> {
+        let applied = self.wait_applied(log_index);
+        match deadline {
+            None => applied.await?,
+            Some(d) => match tokio::time::timeout_at(d, applied).await {
+                Ok(r) => r?,
+                Err(_) => return Ok(None),
+            },
+        }
+        let state = self.node.state();
+        let mut rx = state.subscribe();
+        let mut parked: Option<Parked<'_>> = None;
+        loop {
+            rx.borrow_and_update();
+            if let Some(a) = state.read(&mut check) {
+                return Ok(Some(a));
             }
             // Counted from the first time the answer is not there yet until
             // the call ends (answered, or dropped with its client).
             if parked.is_none() {
                 parked = Some(Parked::new(&self.parked, self.max_parked)?);
             }
-            rx.changed()
-                .await
-                .map_err(|_| Status::unavailable("the node is shutting down"))?;
+            let changed = match deadline {
+                None => rx.changed().await,
+                Some(d) => match tokio::time::timeout_at(d, rx.changed()).await {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                },
+            };
+            changed.map_err(|_| Status::unavailable("the node is shutting down"))?;
         }
     }
 

@@ -3,7 +3,8 @@
 use crate::errors::bare;
 use crate::pb::{Code, DomainError};
 
-pub(crate) fn queue_not_found(name: &str) -> DomainError {
+/// A queue that does not exist.
+pub fn queue_not_found(name: &str) -> DomainError {
     bare(
         Code::NotFound,
         format!("closure queue {name:?} does not exist (create it first)"),
@@ -51,5 +52,13 @@ pub(crate) fn result_too_large(bytes: usize, limit: u64) -> (Code, String) {
     (
         Code::ResourceExhausted,
         format!("the closure's result has {bytes} bytes, more than the queue's limit of {limit}"),
+    )
+}
+
+/// A closure that does not exist in the queue (or was released).
+pub fn closure_not_found(queue: &str, id: u64) -> DomainError {
+    bare(
+        Code::NotFound,
+        format!("closure {id} of queue {queue:?} does not exist (or was released)"),
     )
 }

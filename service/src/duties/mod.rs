@@ -3,9 +3,9 @@
 //! duties, one per area (and one for the cluster as a whole), each told when
 //! this node takes over and ticked while it leads. A duty acts through the
 //! [`LocalLeader`] only: it proposes an update (tasks unhealthy, barrier
-//! expired, ...) and the state machine decides. A dispatcher's timeouts or a
-//! closure queue's leases are one more duty each.
+//! expired, closures put back, ...) and the state machine decides.
 
+pub mod closures;
 pub mod cluster;
 pub mod coordination;
 pub mod dispatcher;

@@ -1,0 +1,483 @@
+//! The durable closure queue from Rust: a [`Coordinator`] schedules closures
+//! (opaque bytes: the caller picks the encoding) and collects their results,
+//! a [`Worker`] runs them. TensorFlow's `ClusterCoordinator` semantics
+//! (seed 004): a closure runs at least once (a worker that dies has its
+//! closures put back when its lease lapses), the first error is raised by
+//! the next `schedule`, `join` or `done` and cancels what was queued. The
+//! queue lives in the cluster, so a coordinator that dies loses nothing: a
+//! new one [`Coordinator::attach`]es by name, lists what was scheduled under
+//! its tag and fetches every result.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), agent::closures::Error> {
+//! use std::time::Duration;
+//! use agent::closures::{Coordinator, Worker, WorkError};
+//!
+//! let nodes = vec!["10.0.0.1:7470".to_string(), "10.0.0.2:7470".into(), "10.0.0.3:7470".into()];
+//! let coordinator = Coordinator::create(&nodes, "train", None, "coordinator-0").await?;
+//! let value = coordinator.schedule(b"step 1".to_vec()).await?;
+//! coordinator.join().await?;
+//! let result = value.fetch().await?;
+//!
+//! // In each worker process:
+//! let worker = Worker::new(&nodes, "train", "worker-0")?;
+//! worker
+//!     .run(|closure| async move { Ok::<_, WorkError>(closure.payload.to_vec()) }, std::future::pending())
+//!     .await?;
+//! # let _ = result; Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proto::coordstore::closure_queue_client::ClosureQueueClient;
+use proto::coordstore::*;
+use tonic::transport::Channel;
+use tonic::Status;
+
+pub use proto::coordstore::{ClosureError, ClosureInfo, ClosureStatus, QueueConfig};
+
+use crate::endpoints::Endpoints;
+
+/// How long calls keep trying other nodes through a failover.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+/// How long one get, join or fetch call waits at the node.
+const WAIT_STEP: Duration = Duration::from_secs(30);
+
+/// What a coordinator's call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A scheduled closure failed: the queue's first error, raised once by
+    /// this call (what was queued is cancelled).
+    #[error("a closure failed: {}", .0.message)]
+    Raised(ClosureError),
+    /// The closure was cancelled (by an earlier error).
+    #[error("closure {0} was cancelled")]
+    Cancelled(u64),
+    /// The call itself failed.
+    #[error(transparent)]
+    Status(#[from] Status),
+}
+
+/// A closure's outcome as `fetch` finds it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Not settled yet (pending, queued or running).
+    Pending,
+    /// Its result.
+    Finished(Bytes),
+    /// The error it raised.
+    Failed(ClosureError),
+    /// Cancelled by an earlier error.
+    Cancelled,
+}
+
+fn client(ch: Channel) -> ClosureQueueClient<Channel> {
+    ClosureQueueClient::new(ch)
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(1 << 30)
+}
+
+/// One queue on a cluster.
+#[derive(Clone)]
+struct Queue {
+    endpoints: Endpoints,
+    name: String,
+}
+
+impl Queue {
+    fn new(nodes: &[String], name: &str) -> Result<Queue, Status> {
+        Ok(Queue {
+            endpoints: Endpoints::new(nodes, RETRY_FOR).map_err(Status::invalid_argument)?,
+            name: name.to_string(),
+        })
+    }
+
+    async fn fetch(&self, id: u64, wait: Duration) -> Result<Outcome, Status> {
+        let r = self
+            .endpoints
+            .call(
+                FetchClosureRequest {
+                    queue: self.name.clone(),
+                    closure_id: id,
+                    timeout_ms: wait.as_millis() as u64,
+                },
+                |ch, req| async move { client(ch).fetch(req).await },
+            )
+            .await?;
+        Ok(match r.status() {
+            ClosureStatus::ClosureFinished => Outcome::Finished(r.result),
+            ClosureStatus::ClosureFailed => Outcome::Failed(r.error.unwrap_or_default()),
+            ClosureStatus::ClosureCancelled => Outcome::Cancelled,
+            _ => Outcome::Pending,
+        })
+    }
+}
+
+/// Schedules closures into a queue and collects their outcomes.
+#[derive(Clone)]
+pub struct Coordinator {
+    q: Queue,
+    tag: String,
+}
+
+impl Coordinator {
+    /// Creates the queue `queue` with `config` (`None`: the defaults), or
+    /// checks an existing one has it; closures scheduled here carry `tag`.
+    pub async fn create(
+        nodes: &[String],
+        queue: &str,
+        config: Option<QueueConfig>,
+        tag: &str,
+    ) -> Result<Coordinator, Error> {
+        let q = Queue::new(nodes, queue)?;
+        q.endpoints
+            .call(
+                CreateQueueRequest {
+                    queue: queue.to_string(),
+                    config,
+                },
+                |ch, req| async move { client(ch).create_queue(req).await },
+            )
+            .await?;
+        Ok(Coordinator {
+            q,
+            tag: tag.to_string(),
+        })
+    }
+
+    /// Takes over the queue of a coordinator that died (same `tag` to find
+    /// what it scheduled).
+    pub async fn attach(nodes: &[String], queue: &str, tag: &str) -> Result<Coordinator, Error> {
+        Self::create(nodes, queue, None, tag).await
+    }
+
+    /// `schedule`: queues a closure (waits while the queue is full). Raises
+    /// the queue's first error, if any, instead.
+    pub async fn schedule(&self, payload: impl Into<Bytes>) -> Result<RemoteValue, Error> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                PutClosureRequest {
+                    queue: self.q.name.clone(),
+                    payload: payload.into(),
+                    tag: self.tag.clone(),
+                },
+                |ch, req| async move { client(ch).put(req).await },
+            )
+            .await?;
+        if let Some(e) = r.raised {
+            return Err(Error::Raised(e));
+        }
+        Ok(self.remote_value(r.closure_id))
+    }
+
+    /// The handle of closure `id` (e.g. one found by [`Coordinator::scheduled`]).
+    pub fn remote_value(&self, id: u64) -> RemoteValue {
+        RemoteValue {
+            q: self.q.clone(),
+            id,
+        }
+    }
+
+    /// `join`: waits until nothing is queued or running; raises the first
+    /// error (once).
+    pub async fn join(&self) -> Result<(), Error> {
+        loop {
+            let r = self
+                .q
+                .endpoints
+                .call(
+                    JoinQueueRequest {
+                        queue: self.q.name.clone(),
+                        timeout_ms: WAIT_STEP.as_millis() as u64,
+                    },
+                    |ch, req| async move { client(ch).join(req).await },
+                )
+                .await?;
+            if let Some(e) = r.raised {
+                return Err(Error::Raised(e));
+            }
+            if r.idle {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `done`: whether nothing is queued or running; raises the first error.
+    pub async fn done(&self) -> Result<bool, Error> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                DoneQueueRequest {
+                    queue: self.q.name.clone(),
+                },
+                |ch, req| async move { client(ch).done(req).await },
+            )
+            .await?;
+        match r.raised {
+            Some(e) => Err(Error::Raised(e)),
+            None => Ok(r.idle),
+        }
+    }
+
+    /// Every closure scheduled under this coordinator's tag, in order.
+    pub async fn scheduled(&self) -> Result<Vec<ClosureInfo>, Error> {
+        let mut out = Vec::new();
+        loop {
+            let after = out.last().map_or(0, |c: &ClosureInfo| c.closure_id);
+            let r = self
+                .q
+                .endpoints
+                .call(
+                    ListClosuresRequest {
+                        queue: self.q.name.clone(),
+                        tag: self.tag.clone(),
+                        after_id: after,
+                        limit: 0,
+                    },
+                    |ch, req| async move { client(ch).list(req).await },
+                )
+                .await?;
+            if r.closures.is_empty() {
+                return Ok(out);
+            }
+            out.extend(r.closures);
+        }
+    }
+
+    /// Drops the records of settled closures (their results were fetched).
+    pub async fn release(&self, ids: &[u64]) -> Result<u64, Error> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                ReleaseClosuresRequest {
+                    queue: self.q.name.clone(),
+                    closure_ids: ids.to_vec(),
+                },
+                |ch, req| async move { client(ch).release(req).await },
+            )
+            .await?;
+        Ok(r.released)
+    }
+}
+
+/// The future result of a scheduled closure.
+#[derive(Clone)]
+pub struct RemoteValue {
+    q: Queue,
+    id: u64,
+}
+
+impl RemoteValue {
+    /// The closure's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The outcome now, or after waiting up to `wait` for it.
+    pub async fn outcome(&self, wait: Duration) -> Result<Outcome, Error> {
+        Ok(self.q.fetch(self.id, wait).await?)
+    }
+
+    /// `fetch`: waits for the result; the closure's error, or
+    /// [`Error::Cancelled`].
+    pub async fn fetch(&self) -> Result<Bytes, Error> {
+        loop {
+            match self.q.fetch(self.id, WAIT_STEP).await? {
+                Outcome::Pending => continue,
+                Outcome::Finished(r) => return Ok(r),
+                Outcome::Failed(e) => return Err(Error::Raised(e)),
+                Outcome::Cancelled => return Err(Error::Cancelled(self.id)),
+            }
+        }
+    }
+}
+
+/// A closure handed to a worker.
+#[derive(Clone, Debug)]
+pub struct Closure {
+    /// Its id.
+    pub id: u64,
+    /// What the coordinator scheduled.
+    pub payload: Bytes,
+    /// 1 for the first run, more after put-backs.
+    pub attempt: u32,
+    /// The coordinator's tag.
+    pub tag: String,
+}
+
+/// How a worker's function ends a closure other than with a result.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    /// The closure failed (the queue's first error wins).
+    #[error("{}", .0.message)]
+    Failed(ClosureError),
+    /// The closure could not run here: put it back for another worker.
+    #[error("put back")]
+    PutBack,
+}
+
+/// Runs closures of one queue.
+#[derive(Clone)]
+pub struct Worker {
+    q: Queue,
+    name: String,
+}
+
+impl Worker {
+    /// A worker named `name` (unique among the queue's workers) on `queue`.
+    pub fn new(nodes: &[String], queue: &str, name: &str) -> Result<Worker, Status> {
+        Ok(Worker {
+            q: Queue::new(nodes, queue)?,
+            name: name.to_string(),
+        })
+    }
+
+    /// `get`: the oldest queued closure, leased to this worker, waiting up
+    /// to `wait` for one. Returns the lease too.
+    pub async fn get(&self, wait: Duration) -> Result<Option<(Closure, Duration)>, Status> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                GetClosureRequest {
+                    queue: self.q.name.clone(),
+                    worker: self.name.clone(),
+                    timeout_ms: wait.as_millis() as u64,
+                },
+                |ch, req| async move { client(ch).get(req).await },
+            )
+            .await?;
+        Ok(r.found.then(|| {
+            (
+                Closure {
+                    id: r.closure_id,
+                    payload: r.payload,
+                    attempt: r.attempt,
+                    tag: r.tag,
+                },
+                Duration::from_millis(r.lease_ms),
+            )
+        }))
+    }
+
+    /// Extends the lease of every closure this worker holds.
+    pub async fn renew(&self) -> Result<u64, Status> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                RenewLeaseRequest {
+                    queue: self.q.name.clone(),
+                    worker: self.name.clone(),
+                },
+                |ch, req| async move { client(ch).renew(req).await },
+            )
+            .await?;
+        Ok(r.renewed)
+    }
+
+    /// `mark_finished` with the result; false if the closure already had an
+    /// outcome (the first is kept) or was cancelled.
+    pub async fn finish(&self, id: u64, result: impl Into<Bytes>) -> Result<bool, Status> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                FinishClosureRequest {
+                    queue: self.q.name.clone(),
+                    closure_id: id,
+                    worker: self.name.clone(),
+                    result: result.into(),
+                },
+                |ch, req| async move { client(ch).finish(req).await },
+            )
+            .await?;
+        Ok(r.accepted)
+    }
+
+    /// `mark_failed`.
+    pub async fn fail(&self, id: u64, error: ClosureError) -> Result<bool, Status> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                FailClosureRequest {
+                    queue: self.q.name.clone(),
+                    closure_id: id,
+                    worker: self.name.clone(),
+                    error: Some(error),
+                },
+                |ch, req| async move { client(ch).fail(req).await },
+            )
+            .await?;
+        Ok(r.accepted)
+    }
+
+    /// `put_back`.
+    pub async fn put_back(&self, id: u64) -> Result<bool, Status> {
+        let r = self
+            .q
+            .endpoints
+            .call(
+                PutBackClosureRequest {
+                    queue: self.q.name.clone(),
+                    closure_id: id,
+                    worker: self.name.clone(),
+                },
+                |ch, req| async move { client(ch).put_back(req).await },
+            )
+            .await?;
+        Ok(r.accepted)
+    }
+
+    /// Runs closures with `f` until `stop` completes: get, run (renewing
+    /// the lease meanwhile), then finish, fail or put back.
+    pub async fn run<F, Fut, R>(&self, f: F, stop: impl Future<Output = ()>) -> Result<(), Status>
+    where
+        F: Fn(Closure) -> Fut,
+        Fut: Future<Output = Result<R, WorkError>>,
+        R: Into<Bytes>,
+    {
+        tokio::pin!(stop);
+        loop {
+            let got = tokio::select! {
+                _ = &mut stop => return Ok(()),
+                got = self.get(Duration::from_secs(5)) => got?,
+            };
+            let Some((closure, lease)) = got else {
+                continue;
+            };
+            let id = closure.id;
+            let renew_every = (lease / 3).max(Duration::from_millis(10));
+            let work = f(closure);
+            tokio::pin!(work);
+            let outcome = loop {
+                tokio::select! {
+                    out = &mut work => break out,
+                    _ = tokio::time::sleep(renew_every) => {
+                        if let Err(e) = self.renew().await {
+                            tracing::warn!("renewing the lease of closure {id}: {e}");
+                        }
+                    }
+                }
+            };
+            match outcome {
+                Ok(result) => {
+                    self.finish(id, result).await?;
+                }
+                Err(WorkError::Failed(e)) => {
+                    self.fail(id, e).await?;
+                }
+                Err(WorkError::PutBack) => {
+                    self.put_back(id).await?;
+                }
+            }
+        }
+    }
+}

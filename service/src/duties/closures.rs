@@ -1,0 +1,46 @@
+//! The closure-queue duty: a closure whose worker stopped renewing its lease
+//! goes back to its queue. The leader reads the leases that ended by its
+//! clock and proposes their expiry; the state puts back each that is still
+//! in flight with a lease ended at the update's time (a renewal that came
+//! meanwhile wins).
+
+use journal::pb::closures::ExpireLeases;
+use journal::Update;
+
+use super::{Duty, DutyFuture};
+use crate::leader::{now_ms, LocalLeader};
+
+/// Puts back closures whose lease lapsed.
+#[derive(Default)]
+pub struct ClosuresDuty;
+
+impl Duty for ClosuresDuty {
+    fn name(&self) -> &'static str {
+        "closures"
+    }
+
+    fn on_takeover<'a>(&'a self, _leader: &'a LocalLeader) -> DutyFuture<'a> {
+        Box::pin(async {})
+    }
+
+    fn tick<'a>(&'a self, leader: &'a LocalLeader) -> DutyFuture<'a> {
+        Box::pin(async move {
+            let now = now_ms();
+            let expired = leader
+                .node()
+                .state()
+                .read(|s| s.closures().expired_leases(now));
+            for (queue, closure_ids) in expired {
+                tracing::info!(
+                    queue,
+                    closures = ?closure_ids,
+                    "closure leases lapsed: putting the closures back"
+                );
+                let update = Update::from(ExpireLeases { queue, closure_ids });
+                super::propose(self.name(), leader, &update).await;
+            }
+        })
+    }
+
+    fn on_step_down(&self) {}
+}
