@@ -63,6 +63,17 @@ impl ClosureApi {
         Ok(applied)
     }
 
+    /// Proposes the command `make` builds from the request, with the origin
+    /// its header carries.
+    async fn step<Req, C: Into<Update>>(
+        &self,
+        req: Request<Req>,
+        make: impl FnOnce(Req) -> C,
+    ) -> Result<Applied, Status> {
+        let origin = request_origin(&req)?;
+        self.propose(origin, make(req.into_inner())).await
+    }
+
     /// Waits on the local state from `index` on until `check` answers, or
     /// `wait` passes (`None`: no limit).
     async fn wait<T>(
@@ -269,16 +280,11 @@ impl ClosureQueue for ClosureApi {
         &self,
         req: Request<RenewLeaseRequest>,
     ) -> Result<Response<RenewLeaseResponse>, Status> {
-        let origin = request_origin(&req)?;
-        let r = req.into_inner();
         let applied = self
-            .propose(
-                origin,
-                cmd::Renew {
-                    queue: r.queue,
-                    worker: r.worker,
-                },
-            )
+            .step(req, |r| cmd::Renew {
+                queue: r.queue,
+                worker: r.worker,
+            })
             .await?;
         let renewed = match reply(&applied).reply {
             Some(R::Renewed(n)) => n,
@@ -291,18 +297,13 @@ impl ClosureQueue for ClosureApi {
         &self,
         req: Request<FinishClosureRequest>,
     ) -> Result<Response<SettleClosureResponse>, Status> {
-        let origin = request_origin(&req)?;
-        let r = req.into_inner();
         let applied = self
-            .propose(
-                origin,
-                cmd::Finish {
-                    queue: r.queue,
-                    closure_id: r.closure_id,
-                    worker: r.worker,
-                    result: r.result,
-                },
-            )
+            .step(req, |r| cmd::Finish {
+                queue: r.queue,
+                closure_id: r.closure_id,
+                worker: r.worker,
+                result: r.result,
+            })
             .await?;
         Ok(accepted(&applied))
     }
@@ -311,18 +312,13 @@ impl ClosureQueue for ClosureApi {
         &self,
         req: Request<FailClosureRequest>,
     ) -> Result<Response<SettleClosureResponse>, Status> {
-        let origin = request_origin(&req)?;
-        let r = req.into_inner();
         let applied = self
-            .propose(
-                origin,
-                cmd::Fail {
-                    queue: r.queue,
-                    closure_id: r.closure_id,
-                    worker: r.worker,
-                    error: r.error.map(journal_error),
-                },
-            )
+            .step(req, |r| cmd::Fail {
+                queue: r.queue,
+                closure_id: r.closure_id,
+                worker: r.worker,
+                error: r.error.map(journal_error),
+            })
             .await?;
         Ok(accepted(&applied))
     }
@@ -331,17 +327,12 @@ impl ClosureQueue for ClosureApi {
         &self,
         req: Request<PutBackClosureRequest>,
     ) -> Result<Response<SettleClosureResponse>, Status> {
-        let origin = request_origin(&req)?;
-        let r = req.into_inner();
         let applied = self
-            .propose(
-                origin,
-                cmd::PutBack {
-                    queue: r.queue,
-                    closure_id: r.closure_id,
-                    worker: r.worker,
-                },
-            )
+            .step(req, |r| cmd::PutBack {
+                queue: r.queue,
+                closure_id: r.closure_id,
+                worker: r.worker,
+            })
             .await?;
         Ok(accepted(&applied))
     }
@@ -384,9 +375,7 @@ impl ClosureQueue for ClosureApi {
         &self,
         req: Request<DoneQueueRequest>,
     ) -> Result<Response<DoneQueueResponse>, Status> {
-        let origin = request_origin(&req)?;
-        let r = req.into_inner();
-        let applied = self.propose(origin, cmd::Done { queue: r.queue }).await?;
+        let applied = self.step(req, |r| cmd::Done { queue: r.queue }).await?;
         let rep = reply(&applied);
         Ok(Response::new(DoneQueueResponse {
             idle: matches!(rep.reply, Some(R::Idle(true))),
@@ -480,16 +469,11 @@ impl ClosureQueue for ClosureApi {
         &self,
         req: Request<ReleaseClosuresRequest>,
     ) -> Result<Response<ReleaseClosuresResponse>, Status> {
-        let origin = request_origin(&req)?;
-        let r = req.into_inner();
         let applied = self
-            .propose(
-                origin,
-                cmd::Release {
-                    queue: r.queue,
-                    closure_ids: r.closure_ids,
-                },
-            )
+            .step(req, |r| cmd::Release {
+                queue: r.queue,
+                closure_ids: r.closure_ids,
+            })
             .await?;
         let released = match reply(&applied).reply {
             Some(R::Released(n)) => n,
