@@ -28,11 +28,13 @@
 //! ```
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use proto::coordstore::closure_queue_client::ClosureQueueClient;
 use proto::coordstore::*;
+use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use tonic::Status;
 
@@ -44,9 +46,14 @@ use crate::endpoints::Endpoints;
 const RETRY_FOR: Duration = Duration::from_secs(60);
 /// How long one get, join or fetch call waits at the node.
 const WAIT_STEP: Duration = Duration::from_secs(30);
+/// Most closures one put or fetch call carries.
+const MAX_BATCH: usize = 1000;
+/// Most payload bytes one put call carries (a single larger closure goes
+/// alone).
+const MAX_BATCH_BYTES: usize = 4 << 20;
 
 /// What a coordinator's call can fail with.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     /// A scheduled closure failed: the queue's first error, raised once by
     /// this call (what was queued is cancelled).
@@ -79,6 +86,29 @@ fn client(ch: Channel) -> ClosureQueueClient<Channel> {
         .max_encoding_message_size(1 << 30)
 }
 
+fn outcome(r: FetchClosureResponse) -> Outcome {
+    match r.status() {
+        ClosureStatus::ClosureFinished => Outcome::Finished(r.result),
+        ClosureStatus::ClosureFailed => Outcome::Failed(r.error.unwrap_or_default()),
+        ClosureStatus::ClosureCancelled => Outcome::Cancelled,
+        _ => Outcome::Pending,
+    }
+}
+
+/// How many of `payloads` (at least one) go in one put.
+fn batch_len<'a>(payloads: impl Iterator<Item = &'a Bytes>) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for p in payloads.take(MAX_BATCH) {
+        bytes += p.len();
+        if n > 0 && bytes > MAX_BATCH_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1)
+}
+
 /// One queue on a cluster.
 #[derive(Clone)]
 struct Queue {
@@ -94,6 +124,21 @@ impl Queue {
         })
     }
 
+    async fn fetch_many(&self, ids: &[u64], wait: Duration) -> Result<Vec<Outcome>, Status> {
+        let r = self
+            .endpoints
+            .call(
+                FetchClosuresRequest {
+                    queue: self.name.clone(),
+                    closure_ids: ids.to_vec(),
+                    timeout_ms: wait.as_millis() as u64,
+                },
+                |ch, req| async move { client(ch).fetch_many(req).await },
+            )
+            .await?;
+        Ok(r.closures.into_iter().map(outcome).collect())
+    }
+
     async fn fetch(&self, id: u64, wait: Duration) -> Result<Outcome, Status> {
         let r = self
             .endpoints
@@ -106,12 +151,7 @@ impl Queue {
                 |ch, req| async move { client(ch).fetch(req).await },
             )
             .await?;
-        Ok(match r.status() {
-            ClosureStatus::ClosureFinished => Outcome::Finished(r.result),
-            ClosureStatus::ClosureFailed => Outcome::Failed(r.error.unwrap_or_default()),
-            ClosureStatus::ClosureCancelled => Outcome::Cancelled,
-            _ => Outcome::Pending,
-        })
+        Ok(outcome(r))
     }
 }
 
@@ -120,6 +160,17 @@ impl Queue {
 pub struct Coordinator {
     q: Queue,
     tag: String,
+    batch: Arc<Mutex<Batch>>,
+}
+
+type Scheduled = oneshot::Sender<Result<u64, Error>>;
+
+/// `schedule` calls waiting for the put in flight to end (group commit: they
+/// go together in the next put).
+#[derive(Default)]
+struct Batch {
+    waiting: Vec<(Bytes, Scheduled)>,
+    in_flight: bool,
 }
 
 impl Coordinator {
@@ -144,6 +195,7 @@ impl Coordinator {
         Ok(Coordinator {
             q,
             tag: tag.to_string(),
+            batch: Arc::default(),
         })
     }
 
@@ -154,24 +206,132 @@ impl Coordinator {
     }
 
     /// `schedule`: queues a closure (waits while the queue is full). Raises
-    /// the queue's first error, if any, instead.
+    /// the queue's first error, if any, instead (the closure is cancelled).
+    ///
+    /// Calls made while another put of this coordinator is in flight go
+    /// together in the next put (one replicated write for all): when two or
+    /// more of them meet the first error, the first raises it and the
+    /// others answer [`Error::Cancelled`].
     pub async fn schedule(&self, payload: impl Into<Bytes>) -> Result<RemoteValue, Error> {
+        let (tx, rx) = oneshot::channel();
+        let lead = {
+            let mut b = self.batch.lock().expect("schedule batch");
+            b.waiting.push((payload.into(), tx));
+            !std::mem::replace(&mut b.in_flight, true)
+        };
+        if lead {
+            // A task of its own: a caller that gives up does not strand the
+            // others.
+            tokio::spawn(self.clone().put_waiting());
+        }
+        let id = rx
+            .await
+            .map_err(|_| Status::cancelled("the coordinator's put was dropped"))??;
+        Ok(self.remote_value(id))
+    }
+
+    /// Puts what `schedule` calls left until none is left.
+    async fn put_waiting(self) {
+        loop {
+            let batch = {
+                let mut b = self.batch.lock().expect("schedule batch");
+                if b.waiting.is_empty() {
+                    b.in_flight = false;
+                    return;
+                }
+                let n = batch_len(b.waiting.iter().map(|(p, _)| p));
+                b.waiting.drain(..n).collect::<Vec<_>>()
+            };
+            let (payloads, senders): (Vec<Bytes>, Vec<Scheduled>) = batch.into_iter().unzip();
+            match self.put(payloads).await {
+                Ok((first, raised)) => {
+                    for (i, tx) in senders.into_iter().enumerate() {
+                        let id = first + i as u64;
+                        let r = match (&raised, i) {
+                            (Some(e), 0) => Err(Error::Raised(e.clone())),
+                            (Some(_), _) => Err(Error::Cancelled(id)),
+                            (None, _) => Ok(id),
+                        };
+                        let _ = tx.send(r);
+                    }
+                }
+                Err(e) => {
+                    for tx in senders {
+                        let _ = tx.send(Err(e.clone().into()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One put of `payloads`: the first id, and the error it raised.
+    async fn put(&self, mut payloads: Vec<Bytes>) -> Result<(u64, Option<ClosureError>), Status> {
+        let more = payloads.split_off(1);
         let r = self
             .q
             .endpoints
             .call(
                 PutClosureRequest {
                     queue: self.q.name.clone(),
-                    payload: payload.into(),
+                    payload: payloads.pop().unwrap_or_default(),
                     tag: self.tag.clone(),
+                    more_payloads: more,
                 },
                 |ch, req| async move { client(ch).put(req).await },
             )
             .await?;
-        if let Some(e) = r.raised {
-            return Err(Error::Raised(e));
+        Ok((r.closure_id, r.raised))
+    }
+
+    /// `schedule` of every payload, in order, in as few puts as their size
+    /// allows. Raises the first error instead (what this call had not put
+    /// yet is not scheduled; what it had is cancelled).
+    pub async fn schedule_many(
+        &self,
+        payloads: impl IntoIterator<Item = impl Into<Bytes>>,
+    ) -> Result<Vec<RemoteValue>, Error> {
+        let mut payloads: Vec<Bytes> = payloads.into_iter().map(Into::into).collect();
+        let mut out = Vec::with_capacity(payloads.len());
+        while !payloads.is_empty() {
+            let n = batch_len(payloads.iter());
+            let rest = payloads.split_off(n);
+            let (first, raised) = self.put(payloads).await?;
+            if let Some(e) = raised {
+                return Err(Error::Raised(e));
+            }
+            out.extend((first..first + n as u64).map(|id| self.remote_value(id)));
+            payloads = rest;
         }
-        Ok(self.remote_value(r.closure_id))
+        Ok(out)
+    }
+
+    /// `fetch(values)`: waits for every result, in order; the first error
+    /// among them (a closure's error, or [`Error::Cancelled`]).
+    pub async fn fetch_all(&self, values: &[RemoteValue]) -> Result<Vec<Bytes>, Error> {
+        let ids: Vec<u64> = values.iter().map(RemoteValue::id).collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(MAX_BATCH) {
+            let outcomes = loop {
+                let o = self.q.fetch_many(chunk, WAIT_STEP).await?;
+                if !o.contains(&Outcome::Pending) {
+                    break o;
+                }
+            };
+            for (id, o) in chunk.iter().zip(outcomes) {
+                out.push(match o {
+                    Outcome::Finished(r) => r,
+                    Outcome::Failed(e) => return Err(Error::Raised(e)),
+                    Outcome::Cancelled | Outcome::Pending => return Err(Error::Cancelled(*id)),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The outcomes of closures `ids` now, or once all are settled if that
+    /// happens within `wait` (at most 1000 ids).
+    pub async fn outcomes(&self, ids: &[u64], wait: Duration) -> Result<Vec<Outcome>, Error> {
+        Ok(self.q.fetch_many(ids, wait).await?)
     }
 
     /// The handle of closure `id` (e.g. one found by [`Coordinator::scheduled`]).
@@ -341,6 +501,18 @@ impl Worker {
     /// `get`: the oldest queued closure, leased to this worker, waiting up
     /// to `wait` for one. Returns the lease too.
     pub async fn get(&self, wait: Duration) -> Result<Option<(Closure, Duration)>, Status> {
+        let (mut got, lease) = self.get_many(1, wait).await?;
+        Ok(got.pop().map(|c| (c, lease)))
+    }
+
+    /// Up to `max` of the oldest queued closures, all leased to this worker
+    /// (a prefetch: if this worker dies, each runs again elsewhere), waiting
+    /// up to `wait` for the first. Returns the lease too.
+    pub async fn get_many(
+        &self,
+        max: u32,
+        wait: Duration,
+    ) -> Result<(Vec<Closure>, Duration), Status> {
         let r = self
             .q
             .endpoints
@@ -349,21 +521,28 @@ impl Worker {
                     queue: self.q.name.clone(),
                     worker: self.name.clone(),
                     timeout_ms: wait.as_millis() as u64,
+                    max_closures: max,
                 },
                 |ch, req| async move { client(ch).get(req).await },
             )
             .await?;
-        Ok(r.found.then(|| {
-            (
-                Closure {
-                    id: r.closure_id,
-                    payload: r.payload,
-                    attempt: r.attempt,
-                    tag: r.tag,
-                },
-                Duration::from_millis(r.lease_ms),
-            )
-        }))
+        let lease = Duration::from_millis(r.lease_ms);
+        if !r.found {
+            return Ok((Vec::new(), lease));
+        }
+        let first = Closure {
+            id: r.closure_id,
+            payload: r.payload,
+            attempt: r.attempt,
+            tag: r.tag,
+        };
+        let more = r.more.into_iter().map(|c| Closure {
+            id: c.closure_id,
+            payload: c.payload,
+            attempt: c.attempt,
+            tag: c.tag,
+        });
+        Ok((std::iter::once(first).chain(more).collect(), lease))
     }
 
     /// Extends the lease of every closure this worker holds.
@@ -385,20 +564,34 @@ impl Worker {
     /// `mark_finished` with the result; false if the closure already had an
     /// outcome (the first is kept) or was cancelled.
     pub async fn finish(&self, id: u64, result: impl Into<Bytes>) -> Result<bool, Status> {
+        let accepted = self.finish_many(vec![(id, result.into())]).await?;
+        Ok(accepted.first().copied().unwrap_or(false))
+    }
+
+    /// `mark_finished` of several closures in one call, in order: whether
+    /// each was accepted.
+    pub async fn finish_many(&self, results: Vec<(u64, Bytes)>) -> Result<Vec<bool>, Status> {
+        let mut all = results.into_iter();
+        let Some((closure_id, result)) = all.next() else {
+            return Ok(Vec::new());
+        };
         let r = self
             .q
             .endpoints
             .call(
                 FinishClosureRequest {
                     queue: self.q.name.clone(),
-                    closure_id: id,
+                    closure_id,
                     worker: self.name.clone(),
-                    result: result.into(),
+                    result,
+                    more: all
+                        .map(|(closure_id, result)| ClosureResult { closure_id, result })
+                        .collect(),
                 },
                 |ch, req| async move { client(ch).finish(req).await },
             )
             .await?;
-        Ok(r.accepted)
+        Ok(std::iter::once(r.accepted).chain(r.more_accepted).collect())
     }
 
     /// `mark_failed`.
@@ -444,40 +637,59 @@ impl Worker {
         Fut: Future<Output = Result<R, WorkError>>,
         R: Into<Bytes>,
     {
+        self.run_prefetching(1, f, stop).await
+    }
+
+    /// [`Worker::run`], taking up to `prefetch` closures per get and
+    /// finishing them in one call: fewer calls per closure, and up to
+    /// `prefetch` re-runs elsewhere if this worker dies.
+    pub async fn run_prefetching<F, Fut, R>(
+        &self,
+        prefetch: u32,
+        f: F,
+        stop: impl Future<Output = ()>,
+    ) -> Result<(), Status>
+    where
+        F: Fn(Closure) -> Fut,
+        Fut: Future<Output = Result<R, WorkError>>,
+        R: Into<Bytes>,
+    {
         tokio::pin!(stop);
         loop {
             let got = tokio::select! {
                 _ = &mut stop => return Ok(()),
-                got = self.get(Duration::from_secs(5)) => got?,
+                got = self.get_many(prefetch.max(1), Duration::from_secs(5)) => got?,
             };
-            let Some((closure, lease)) = got else {
-                continue;
-            };
-            let id = closure.id;
+            let (closures, lease) = got;
             let renew_every = (lease / 3).max(Duration::from_millis(10));
-            let work = f(closure);
-            tokio::pin!(work);
-            let outcome = loop {
-                tokio::select! {
-                    out = &mut work => break out,
-                    _ = tokio::time::sleep(renew_every) => {
-                        if let Err(e) = self.renew().await {
-                            tracing::warn!("renewing the lease of closure {id}: {e}");
+            let mut finished = Vec::with_capacity(closures.len());
+            let mut renew_at = tokio::time::Instant::now() + renew_every;
+            for closure in closures {
+                let id = closure.id;
+                let work = f(closure);
+                tokio::pin!(work);
+                let outcome = loop {
+                    tokio::select! {
+                        out = &mut work => break out,
+                        _ = tokio::time::sleep_until(renew_at) => {
+                            renew_at += renew_every;
+                            if let Err(e) = self.renew().await {
+                                tracing::warn!("renewing the lease of closure {id}: {e}");
+                            }
                         }
                     }
-                }
-            };
-            match outcome {
-                Ok(result) => {
-                    self.finish(id, result).await?;
-                }
-                Err(WorkError::Failed(e)) => {
-                    self.fail(id, e).await?;
-                }
-                Err(WorkError::PutBack) => {
-                    self.put_back(id).await?;
+                };
+                match outcome {
+                    Ok(result) => finished.push((id, result.into())),
+                    Err(WorkError::Failed(e)) => {
+                        self.fail(id, e).await?;
+                    }
+                    Err(WorkError::PutBack) => {
+                        self.put_back(id).await?;
+                    }
                 }
             }
+            self.finish_many(finished).await?;
         }
     }
 }

@@ -5,6 +5,7 @@
 //! JSON per run, a markdown table and one PNG chart per workload.
 
 pub mod barrier;
+pub mod closures;
 pub mod etcd;
 pub mod failover;
 pub mod handoff;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
-    barrier, failover, handoff, jax_latency, kv, memory, parked, propose, replay, tfdata,
+    barrier, closures, failover, handoff, jax_latency, kv, memory, parked, propose, replay, tfdata,
     WORKER_THREADS,
 };
 
@@ -130,6 +130,29 @@ enum Suite {
         /// Iterations per op.
         #[arg(long, default_value_t = 200)]
         iterations: usize,
+    },
+    /// The durable closure queue through 3 nodes: schedule → result with
+    /// 1 and 16 workers, and a dead worker's closure running elsewhere.
+    Closures {
+        /// Worker counts.
+        #[arg(long, value_delimiter = ',', default_value = "1,16")]
+        workers: Vec<usize>,
+        /// Closures the coordinator keeps in flight in the batched runs
+        /// (the per-closure runs keep 64).
+        #[arg(long, default_value_t = 1024)]
+        in_flight: usize,
+        /// Closures per schedule_many in the batched runs.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// Closures per worker get in the batched runs.
+        #[arg(long, default_value_t = 16)]
+        prefetch: u32,
+        /// Seconds per worker count.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Worker deaths (lease 1 s).
+        #[arg(long, default_value_t = 6)]
+        deaths: usize,
     },
     /// tf.data dispatcher call latency, coordstore beside TensorFlow 2.21's
     /// own dispatcher (in memory and fault tolerant).
@@ -333,6 +356,29 @@ async fn run() -> anyhow::Result<()> {
                 ));
             }
             std::fs::write(cli.out.join("tfdata.md"), &md)?;
+            println!("{md}");
+            eprintln!("results: {}", path.display());
+            return Ok(());
+        }
+        Suite::Closures {
+            workers,
+            in_flight,
+            batch,
+            prefetch,
+            seconds,
+            deaths,
+        } => {
+            let load = closures::Load {
+                in_flight,
+                batch,
+                prefetch,
+                seconds,
+            };
+            let r = closures::run(&workers, load, deaths).await?;
+            let path = cli.out.join(format!("closures-{stamp}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(&r)?)?;
+            let md = closures::table(&r);
+            std::fs::write(cli.out.join("closures.md"), &md)?;
             println!("{md}");
             eprintln!("results: {}", path.display());
             return Ok(());

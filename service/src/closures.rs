@@ -93,6 +93,50 @@ impl ClosureApi {
         Ok(self.router.waits().applied_index())
     }
 
+    /// The outcomes of `ids` once every one is settled or `timeout_ms`
+    /// passed (0: at once), from a linearizable point on.
+    async fn fetch_many(
+        &self,
+        queue: String,
+        ids: Vec<u64>,
+        timeout_ms: u64,
+    ) -> Result<Vec<FetchClosureResponse>, Status> {
+        let index = self.linearizable().await?;
+        // Settled outcomes never change: a cursor over the ids settled so
+        // far keeps each wake-up's check short.
+        let mut done = 0;
+        let mut all_settled = |s: &State| -> Option<Result<(), DomainError>> {
+            while let Some(&id) = ids.get(done) {
+                match settled(s, &queue, id) {
+                    Err(e) => return Some(Err(e)),
+                    Ok(None) => return None,
+                    Ok(Some(_)) => done += 1,
+                }
+            }
+            Some(Ok(()))
+        };
+        let ready = match self.read(&mut all_settled) {
+            Some(r) => Some(r),
+            None if timeout_ms == 0 => None,
+            None => {
+                self.wait(index, Some(capped(timeout_ms)), &mut all_settled)
+                    .await?
+            }
+        };
+        if let Some(Err(e)) = ready {
+            return Err(status(&e));
+        }
+        self.read(|s| {
+            ids.iter()
+                .map(|&id| match settled(s, &queue, id) {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => Ok(pending(s, id)),
+                    Err(e) => Err(status(&e)),
+                })
+                .collect()
+        })
+    }
+
     fn queue_config(&self, queue: &str) -> Result<cmd::QueueConfig, Status> {
         self.read(|s| s.closures().queue(queue).and_then(|q| q.config))
             .ok_or_else(|| status(&journal::closures::errors::queue_not_found(queue)))
@@ -153,9 +197,40 @@ fn wire_status(s: ClosureState) -> ClosureStatus {
 }
 
 fn accepted(a: &Applied) -> Response<SettleClosureResponse> {
+    let r = reply(a);
     Response::new(SettleClosureResponse {
-        accepted: matches!(reply(a).reply, Some(R::Accepted(true))),
+        accepted: matches!(r.reply, Some(R::Accepted(true))),
+        more_accepted: r.more_accepted,
     })
+}
+
+/// A closure's outcome for fetch: `None` while it is not settled.
+fn settled(s: &State, queue: &str, id: u64) -> Result<Option<FetchClosureResponse>, DomainError> {
+    let reader = s.closures();
+    if reader.queue(queue).is_none() {
+        return Err(journal::closures::errors::queue_not_found(queue));
+    }
+    let Some(c) = reader.closure(id).filter(|c| c.queue == queue) else {
+        return Err(journal::closures::errors::closure_not_found(queue, id));
+    };
+    Ok(c.is_settled().then(|| FetchClosureResponse {
+        status: wire_status(c.state()) as i32,
+        result: c.result.clone(),
+        error: c.error.clone().map(wire_error),
+        attempts: c.attempts,
+        tag: c.tag.clone(),
+    }))
+}
+
+/// What fetch answers for a closure that is not settled (yet).
+fn pending(s: &State, id: u64) -> FetchClosureResponse {
+    let c = s.closures().closure(id);
+    FetchClosureResponse {
+        status: ClosureStatus::ClosurePending as i32,
+        attempts: c.map_or(0, |c| c.attempts),
+        tag: c.map(|c| c.tag.clone()).unwrap_or_default(),
+        ..Default::default()
+    }
 }
 
 #[tonic::async_trait]
@@ -194,6 +269,7 @@ impl ClosureQueue for ClosureApi {
     ) -> Result<Response<PutClosureResponse>, Status> {
         let origin = request_origin(&req)?;
         let r = req.into_inner();
+        let n = 1 + r.more_payloads.len() as u64;
         let applied = self
             .propose(
                 origin,
@@ -201,6 +277,7 @@ impl ClosureQueue for ClosureApi {
                     queue: r.queue,
                     payload: r.payload,
                     tag: r.tag,
+                    more_payloads: r.more_payloads,
                 },
             )
             .await?;
@@ -209,10 +286,12 @@ impl ClosureQueue for ClosureApi {
             return Err(Status::internal("a put answered no closure id"));
         };
         if applied.outcome.parked {
-            // The queue is full: wait, as upstream's put does, until the
-            // closure is admitted (or cancelled by the first error).
+            // The queue is full: wait, as upstream's put does, until every
+            // closure is admitted (or cancelled by the first error). They
+            // are admitted in order: the last one decides.
+            let last = id + n - 1;
             self.wait(applied.log_index, None, |s| {
-                let c = s.closures().closure(id);
+                let c = s.closures().closure(last);
                 c.is_none_or(|c| c.state() != ClosureState::Pending)
                     .then_some(())
             })
@@ -239,6 +318,7 @@ impl ClosureQueue for ClosureApi {
                     queue: r.queue.clone(),
                     worker: r.worker,
                     deadline_ms: now_ms() + wait.as_millis() as u64,
+                    max_closures: r.max_closures,
                 },
             )
             .await?;
@@ -249,9 +329,22 @@ impl ClosureQueue for ClosureApi {
             attempt: a.attempt,
             tag: a.tag,
             lease_ms,
+            more: Vec::new(),
         };
-        if let Some(R::Assigned(a)) = reply(&applied).reply {
-            return Ok(Response::new(found(a)));
+        let rep = reply(&applied);
+        if let Some(R::Assigned(a)) = rep.reply {
+            let mut resp = found(a);
+            resp.more = rep
+                .more_assigned
+                .into_iter()
+                .map(|a| LeasedClosure {
+                    closure_id: a.closure_id,
+                    payload: a.payload,
+                    attempt: a.attempt,
+                    tag: a.tag,
+                })
+                .collect();
+            return Ok(Response::new(resp));
         }
         let call_id = applied.outcome.call_id;
         let queue = r.queue;
@@ -303,6 +396,14 @@ impl ClosureQueue for ClosureApi {
                 closure_id: r.closure_id,
                 worker: r.worker,
                 result: r.result,
+                more: r
+                    .more
+                    .into_iter()
+                    .map(|m| cmd::Result {
+                        closure_id: m.closure_id,
+                        result: m.result,
+                    })
+                    .collect(),
             })
             .await?;
         Ok(accepted(&applied))
@@ -388,48 +489,27 @@ impl ClosureQueue for ClosureApi {
         req: Request<FetchClosureRequest>,
     ) -> Result<Response<FetchClosureResponse>, Status> {
         let r = req.into_inner();
-        let index = self.linearizable().await?;
-        let (queue, id) = (r.queue, r.closure_id);
-        let answer = |s: &State| -> Option<Result<FetchClosureResponse, DomainError>> {
-            let reader = s.closures();
-            if reader.queue(&queue).is_none() {
-                return Some(Err(journal::closures::errors::queue_not_found(&queue)));
-            }
-            let Some(c) = reader.closure(id).filter(|c| c.queue == queue) else {
-                return Some(Err(journal::closures::errors::closure_not_found(
-                    &queue, id,
-                )));
-            };
-            let settled = c.is_settled();
-            Some(Ok(FetchClosureResponse {
-                status: wire_status(c.state()) as i32,
-                result: c.result.clone(),
-                error: c.error.clone().map(wire_error),
-                attempts: c.attempts,
-                tag: c.tag.clone(),
-            }))
-            .filter(|_| settled)
-        };
-        let now = self.read(answer);
-        let out = match now {
-            Some(a) => Some(a),
-            None if r.timeout_ms == 0 => None,
-            None => self.wait(index, Some(capped(r.timeout_ms)), answer).await?,
-        };
-        match out {
-            Some(Ok(resp)) => Ok(Response::new(resp)),
-            Some(Err(e)) => Err(status(&e)),
-            // Not settled (yet).
-            None => {
-                let c = self.read(|s| s.closures().closure(id).cloned());
-                Ok(Response::new(FetchClosureResponse {
-                    status: ClosureStatus::ClosurePending as i32,
-                    attempts: c.as_ref().map_or(0, |c| c.attempts),
-                    tag: c.map(|c| c.tag).unwrap_or_default(),
-                    ..Default::default()
-                }))
-            }
+        let mut all = self
+            .fetch_many(r.queue, vec![r.closure_id], r.timeout_ms)
+            .await?;
+        Ok(Response::new(all.pop().unwrap_or_default()))
+    }
+
+    async fn fetch_many(
+        &self,
+        req: Request<FetchClosuresRequest>,
+    ) -> Result<Response<FetchClosuresResponse>, Status> {
+        let r = req.into_inner();
+        if r.closure_ids.len() > MAX_LIST {
+            return Err(Status::invalid_argument(format!(
+                "{} closure ids in one fetch; at most {MAX_LIST}",
+                r.closure_ids.len()
+            )));
         }
+        let closures = self
+            .fetch_many(r.queue, r.closure_ids, r.timeout_ms)
+            .await?;
+        Ok(Response::new(FetchClosuresResponse { closures }))
     }
 
     async fn list(

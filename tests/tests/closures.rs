@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent::closures::{Coordinator, Error, Outcome, QueueConfig, WorkError, Worker};
@@ -201,4 +203,183 @@ async fn the_first_error_is_raised_once_and_cancels_what_is_queued() {
         r = run => panic!("the worker loop ended: {r:?}"),
         v = again.fetch() => assert_eq!(v.unwrap().as_ref(), b"retry"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_when_the_leader_is_killed_under_load() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
+        .await;
+    let nodes = cluster.addrs();
+    let joined = nodes.join(",");
+    let config = QueueConfig {
+        lease_ms: LEASE_MS,
+        ..Default::default()
+    };
+    let c = Coordinator::create(&nodes, "l", Some(config), "coord")
+        .await
+        .expect("create queue");
+    let dir = tempfile::tempdir().unwrap();
+    let logs: Vec<_> = (0..3)
+        .map(|i| dir.path().join(format!("w{i}.log")))
+        .collect();
+    // Workers taking two closures per get: a lapsed lease puts back both.
+    const PREFETCH: usize = 2;
+    let workers: Vec<Proc> = (0..3)
+        .map(|i| {
+            Proc::spawn(&[
+                "worker",
+                &joined,
+                "l",
+                &format!("w{i}"),
+                logs[i].to_str().unwrap(),
+                &PREFETCH.to_string(),
+            ])
+        })
+        .collect();
+
+    // The coordinator schedules rounds of 40, each once the workers are
+    // at most two rounds behind, while the leader is killed.
+    const ROUNDS: u64 = 15;
+    const PER_ROUND: u64 = 40;
+    let rounds = Arc::new(AtomicU64::new(0));
+    let scheduler = {
+        let c = c.clone();
+        let logs = logs.clone();
+        let rounds = rounds.clone();
+        tokio::spawn(async move {
+            let mut values = Vec::new();
+            for r in 0..ROUNDS {
+                let behind = (r * PER_ROUND).saturating_sub(2 * PER_ROUND);
+                wait_until("the workers to catch up", Duration::from_secs(120), || {
+                    let n = runs(&logs).len() as u64;
+                    async move { n >= behind }
+                })
+                .await;
+                let payloads =
+                    (0..PER_ROUND).map(|i| format!("{}-2", r * PER_ROUND + i).into_bytes());
+                values.extend(c.schedule_many(payloads).await.expect("schedule"));
+                rounds.fetch_add(1, Ordering::SeqCst);
+            }
+            values
+        })
+    };
+    wait_until("200 closures to run", Duration::from_secs(120), || {
+        let n = runs(&logs).len();
+        async move { n >= 200 }
+    })
+    .await;
+    cluster.kill(leader);
+    assert!(
+        rounds.load(Ordering::SeqCst) < ROUNDS,
+        "the leader died after the last round was scheduled"
+    );
+    let values = scheduler.await.expect("scheduler");
+    assert_eq!(values.len() as u64, ROUNDS * PER_ROUND);
+    c.join().await.expect("join");
+
+    // Every result, each from its own payload.
+    let results = c.fetch_all(&values).await.expect("fetch_all");
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r.as_ref(), format!("{i}-2!").as_bytes());
+    }
+    // Every closure ran; a run needs a hand-out (attempts), so nothing ran
+    // after its result was recorded; re-runs are the closures whose lease
+    // lapsed in the failover: at most what the workers held.
+    let runs = runs(&logs);
+    let attempts: BTreeMap<u64, u32> = c
+        .scheduled()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.closure_id, i.attempts))
+        .collect();
+    assert_eq!(runs.len() as u64, ROUNDS * PER_ROUND, "every closure ran");
+    for (id, n) in &runs {
+        assert!(
+            *n as u32 <= attempts[id],
+            "closure {id} ran {n} times in {} hand-outs",
+            attempts[id]
+        );
+    }
+    let reruns: usize = runs.values().map(|n| n - 1).sum();
+    assert!(reruns <= 3 * PREFETCH, "{reruns} re-runs: {runs:?}");
+    eprintln!("re-runs across the leader kill: {reruns}");
+    drop(workers);
+}
+
+fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Code {
+    r.map_or_else(|s| s.code(), |_| tonic::Code::Ok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_get_the_exact_status_and_change_nothing() {
+    use proto::coordstore::closure_queue_client::ClosureQueueClient;
+    use proto::coordstore::*;
+    use tonic::Code;
+
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_leader(&[0], Duration::from_secs(30)).await;
+    let nodes = cluster.addrs();
+    let config = QueueConfig {
+        max_payload_bytes: 16,
+        ..Default::default()
+    };
+    let c = Coordinator::create(&nodes, "b", Some(config), "t")
+        .await
+        .unwrap();
+    let mut q = ClosureQueueClient::new(coordstore_tests::wire::channel(&nodes[0]).await);
+    let put = |queue: &str, more: Vec<Vec<u8>>| PutClosureRequest {
+        queue: queue.into(),
+        payload: b"ok".to_vec().into(),
+        tag: "t".into(),
+        more_payloads: more.into_iter().map(Into::into).collect(),
+    };
+    assert_eq!(code(q.put(put("nope", vec![])).await), Code::NotFound);
+    // One closure too large refuses the whole put.
+    let r = q
+        .put(put("b", vec![b"fine".to_vec(), vec![b'x'; 17]]))
+        .await;
+    assert_eq!(code(r), Code::InvalidArgument);
+    assert!(c.scheduled().await.unwrap().is_empty(), "nothing was put");
+    let r = q
+        .get(GetClosureRequest {
+            queue: "b".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(r), Code::InvalidArgument, "a nameless worker");
+    let fetch = |ids: Vec<u64>| FetchClosuresRequest {
+        queue: "b".into(),
+        closure_ids: ids,
+        timeout_ms: 0,
+    };
+    let r = q.fetch_many(fetch((1..=10_001).collect())).await;
+    assert_eq!(code(r), Code::InvalidArgument, "too many ids");
+    let r = q.fetch_many(fetch(vec![12345])).await;
+    assert_eq!(code(r), Code::NotFound);
+
+    // A put of three, a get of three, a finish of three with one repeated.
+    let values = c
+        .schedule_many([b"a".to_vec(), b"b".to_vec(), b"c".to_vec()])
+        .await
+        .unwrap();
+    let ids: Vec<u64> = values.iter().map(|v| v.id()).collect();
+    assert_eq!(ids, vec![ids[0], ids[0] + 1, ids[0] + 2]);
+    let w = Worker::new(&nodes, "b", "w").unwrap();
+    let (got, _) = w.get_many(3, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), ids);
+    let accepted = w
+        .finish_many(vec![
+            (ids[0], b"A".to_vec().into()),
+            (ids[1], b"B".to_vec().into()),
+            (ids[0], b"again".to_vec().into()),
+            (ids[2], b"C".to_vec().into()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(accepted, vec![true, true, false, true]);
+    let results = c.fetch_all(&values).await.unwrap();
+    assert_eq!(results, vec![&b"A"[..], &b"B"[..], &b"C"[..]]);
 }

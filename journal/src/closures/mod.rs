@@ -28,6 +28,7 @@
 
 pub mod errors;
 
+use bytes::Bytes;
 use std::collections::BTreeMap;
 
 pub use crate::pb::closures::{
@@ -100,7 +101,7 @@ impl Reply {
     fn of(r: reply::Reply) -> Reply {
         Reply {
             reply: Some(r),
-            raised: None,
+            ..Default::default()
         }
     }
 }
@@ -420,49 +421,51 @@ impl Writer<'_, '_, '_> {
     }
 
     fn put(&mut self, c: &pb::closures::Put) -> Result<Outcome, pb::DomainError> {
-        let id = *self.next_closure_id + 1;
+        let first = *self.next_closure_id + 1;
         let call_id = self.cx.next_call_id();
         let mut q = self.queue(&c.queue)?;
         let config = q.q.config();
-        if c.payload.len() as u64 > config.max_payload_bytes {
-            return Err(errors::payload_too_large(
-                c.payload.len(),
-                config.max_payload_bytes,
-            ));
+        let payloads = || std::iter::once(&c.payload).chain(&c.more_payloads);
+        if let Some(p) = payloads().find(|p| p.len() as u64 > config.max_payload_bytes) {
+            return Err(errors::payload_too_large(p.len(), config.max_payload_bytes));
         }
-        if q.q.closures >= config.max_closures {
+        let n = 1 + c.more_payloads.len() as u64;
+        if q.q.closures.saturating_add(n) > config.max_closures {
             return Err(errors::too_many_closures(&c.queue, config.max_closures));
         }
-        q.q.closures += 1;
-        q.closures.insert(
-            id,
-            Closure {
-                id,
-                queue: c.queue.clone(),
-                payload: c.payload.clone(),
-                tag: c.tag.clone(),
-                ..Default::default()
-            },
-        );
-        let mut reply = Reply::of(reply::Reply::ClosureId(id));
+        q.q.closures += n;
+        // Upstream puts, then raises: the closures are cancelled with the
+        // rest, the error raised and cleared.
+        let raised = q.q.error.take();
         let mut parked = false;
-        if let Some(e) = q.q.error.take() {
-            // Upstream puts, then raises: the closure is cancelled with the
-            // rest, the error raised and cleared.
-            q.closure(id).set_state(ClosureState::Cancelled);
-            reply.raised = Some(e);
-        } else if q.q.queued.len() as u64 >= config.max_queued {
-            let order = q.next_order();
-            let cl = q.closure(id);
-            cl.set_state(ClosureState::Pending);
-            cl.order = order;
-            q.q.pending.insert(order, id);
-            parked = true;
-        } else {
-            q.enqueue(id);
+        for (id, payload) in (first..).zip(payloads()) {
+            q.closures.insert(
+                id,
+                Closure {
+                    id,
+                    queue: c.queue.clone(),
+                    payload: payload.clone(),
+                    tag: c.tag.clone(),
+                    ..Default::default()
+                },
+            );
+            if raised.is_some() {
+                q.closure(id).set_state(ClosureState::Cancelled);
+            } else if q.q.queued.len() as u64 >= config.max_queued {
+                let order = q.next_order();
+                let cl = q.closure(id);
+                cl.set_state(ClosureState::Pending);
+                cl.order = order;
+                q.q.pending.insert(order, id);
+                parked = true;
+            } else {
+                q.enqueue(id);
+            }
+            q.settle();
         }
-        q.settle();
-        *self.next_closure_id = id;
+        *self.next_closure_id = first + n - 1;
+        let mut reply = Reply::of(reply::Reply::ClosureId(first));
+        reply.raised = raised;
         let mut out = answer(reply);
         if parked {
             out.parked = true;
@@ -480,7 +483,15 @@ impl Writer<'_, '_, '_> {
         q.settle();
         if let Some(a) = q.hand_out(&c.worker) {
             q.settle();
-            return Ok(answer(Reply::of(reply::Reply::Assigned(a))));
+            let mut reply = Reply::of(reply::Reply::Assigned(a));
+            for _ in 1..c.max_closures.max(1) {
+                let Some(a) = q.hand_out(&c.worker) else {
+                    break;
+                };
+                reply.more_assigned.push(a);
+                q.settle();
+            }
+            return Ok(answer(reply));
         }
         q.q.get_waiters.push(GetWaiter {
             call_id,
@@ -507,31 +518,14 @@ impl Writer<'_, '_, '_> {
 
     fn finish(&mut self, c: &pb::closures::Finish) -> Result<Outcome, pb::DomainError> {
         let mut q = self.queue(&c.queue)?;
-        if !q.settleable(c.closure_id) {
-            return Ok(answer(Reply::of(reply::Reply::Accepted(false))));
-        }
-        let limit = q.q.config().max_result_bytes;
-        if c.result.len() as u64 > limit {
-            let (code, message) = errors::result_too_large(c.result.len(), limit);
-            return Ok(fail(
-                &mut q,
-                c.closure_id,
-                &c.worker,
-                ClosureError {
-                    code: code as i32,
-                    message,
-                    ..Default::default()
-                },
-            ));
-        }
-        q.unlink(c.closure_id);
-        let cl = q.closure(c.closure_id);
-        cl.set_state(ClosureState::Finished);
-        cl.result = c.result.clone();
-        cl.worker = c.worker.clone();
-        cl.lease_expires_ms = 0;
-        q.settle();
-        Ok(answer(Reply::of(reply::Reply::Accepted(true))))
+        let first = finish(&mut q, c.closure_id, &c.worker, &c.result);
+        let mut reply = Reply::of(reply::Reply::Accepted(first));
+        reply.more_accepted = c
+            .more
+            .iter()
+            .map(|r| finish(&mut q, r.closure_id, &c.worker, &r.result))
+            .collect();
+        Ok(answer(reply))
     }
 
     fn fail(&mut self, c: &pb::closures::Fail) -> Result<Outcome, pb::DomainError> {
@@ -581,8 +575,8 @@ impl Writer<'_, '_, '_> {
         let q = self.queue(&c.queue)?;
         if let Some(e) = q.q.error.take() {
             return Ok(answer(Reply {
-                reply: None,
                 raised: Some(e),
+                ..Default::default()
             }));
         }
         Ok(answer(Reply::of(reply::Reply::Idle(q.q.is_idle()))))
@@ -604,6 +598,33 @@ impl Writer<'_, '_, '_> {
         }
         Ok(answer(Reply::of(reply::Reply::Released(released))))
     }
+}
+
+/// `mark_finished` of one closure: whether it was accepted (a result over
+/// the limit fails the closure instead).
+fn finish(q: &mut Q<'_>, id: u64, worker: &str, result: &Bytes) -> bool {
+    if !q.settleable(id) {
+        return false;
+    }
+    let limit = q.q.config().max_result_bytes;
+    if result.len() as u64 > limit {
+        let (code, message) = errors::result_too_large(result.len(), limit);
+        let e = ClosureError {
+            code: code as i32,
+            message,
+            ..Default::default()
+        };
+        fail(q, id, worker, e);
+        return true;
+    }
+    q.unlink(id);
+    let cl = q.closure(id);
+    cl.set_state(ClosureState::Finished);
+    cl.result = result.clone();
+    cl.worker = worker.to_string();
+    cl.lease_expires_ms = 0;
+    q.settle();
+    true
 }
 
 /// Fails a settleable closure with `e` (the queue's first error if none is

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod batch;
 mod prop;
 mod queue;
 mod rules;
@@ -57,7 +58,38 @@ impl T {
             queue: Q.into(),
             payload: payload.as_bytes().to_vec().into(),
             tag: "coord-1".into(),
+            ..Default::default()
         })
+    }
+
+    /// One put of `n` closures `payload-0`, `payload-1`, ….
+    pub fn put_many(&mut self, payload: &str, n: usize) -> Outcome {
+        let mut all = (0..n).map(|i| format!("{payload}-{i}").into_bytes().into());
+        self.run(c::Put {
+            queue: Q.into(),
+            payload: all.next().unwrap_or_default(),
+            tag: "coord-1".into(),
+            more_payloads: all.collect(),
+        })
+    }
+
+    /// One finish of every `(id, result)`: whether each was accepted.
+    pub fn finish_many(&mut self, worker: &str, results: &[(u64, String)]) -> Vec<bool> {
+        let mut all = results.iter().map(|(id, r)| c::Result {
+            closure_id: *id,
+            result: r.as_bytes().to_vec().into(),
+        });
+        let first = all.next().expect("a result");
+        let out = self.run(c::Finish {
+            queue: Q.into(),
+            closure_id: first.closure_id,
+            worker: worker.into(),
+            result: first.result,
+            more: all.collect(),
+        });
+        std::iter::once(accepted(&out))
+            .chain(reply(&out).more_accepted)
+            .collect()
     }
 
     /// A put that is queued at once; its id.
@@ -76,6 +108,7 @@ impl T {
             queue: Q.into(),
             worker: worker.into(),
             deadline_ms,
+            ..Default::default()
         })
     }
 
@@ -94,6 +127,7 @@ impl T {
             closure_id: id,
             worker: worker.into(),
             result: result.as_bytes().to_vec().into(),
+            ..Default::default()
         });
         accepted(&out)
     }

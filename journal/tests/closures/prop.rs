@@ -11,8 +11,11 @@ use super::*;
 #[derive(Clone, Debug)]
 enum Op {
     Put(u8),
+    PutMany(u8, u8),
     Get(u8, bool),
+    GetMany(u8, u8),
     Finish(u8, u8, u8),
+    FinishMany(Vec<(u8, u8)>, u8),
     Fail(u8, u8),
     PutBack(u8, u8),
     Expire(u8),
@@ -26,8 +29,12 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => any::<u8>().prop_map(Op::Put),
+        1 => (any::<u8>(), 0u8..8).prop_map(|(n, k)| Op::PutMany(n, k)),
         3 => (0u8..4, any::<bool>()).prop_map(|(w, d)| Op::Get(w, d)),
+        1 => (0u8..4, 0u8..6).prop_map(|(w, k)| Op::GetMany(w, k)),
         2 => (0u8..32, 0u8..4, 0u8..80).prop_map(|(c, w, n)| Op::Finish(c, w, n)),
+        1 => (proptest::collection::vec((0u8..32, 0u8..80), 1..5), 0u8..4)
+            .prop_map(|(cs, w)| Op::FinishMany(cs, w)),
         1 => (0u8..32, 0u8..4).prop_map(|(c, w)| Op::Fail(c, w)),
         1 => (0u8..32, 0u8..4).prop_map(|(c, w)| Op::PutBack(c, w)),
         1 => (0u8..32).prop_map(Op::Expire),
@@ -57,6 +64,27 @@ proptest! {
                     if !out.is_err() {
                         put += 1;
                     }
+                }
+                Op::PutMany(n, k) => {
+                    let out = t.put_many(&n.to_string(), usize::from(k) + 1);
+                    if !out.is_err() {
+                        put += u64::from(k) + 1;
+                    }
+                }
+                Op::GetMany(w, k) => {
+                    t.run(c::Get {
+                        queue: Q.into(),
+                        worker: worker(w),
+                        max_closures: k.into(),
+                        ..Default::default()
+                    });
+                }
+                Op::FinishMany(cs, w) => {
+                    let results: Vec<(u64, String)> = cs
+                        .iter()
+                        .map(|&(c, n)| (u64::from(c), "r".repeat(n.into())))
+                        .collect();
+                    t.finish_many(&worker(w), &results);
                 }
                 Op::Get(w, d) => {
                     let deadline = if d { t.now + 500 } else { 0 };

@@ -65,6 +65,7 @@ fn a_new_coordinator_lists_what_was_scheduled_by_tag_and_fetches_every_outcome()
         queue: Q.into(),
         payload: b"o".to_vec().into(),
         tag: "coord-2".into(),
+        ..Default::default()
     });
     let Some(R::ClosureId(o)) = reply(&other).reply else {
         panic!()
@@ -184,6 +185,7 @@ fn a_retried_call_returns_its_first_outcome() {
         queue: Q.into(),
         payload: b"a".to_vec().into(),
         tag: String::new(),
+        ..Default::default()
     });
     u.origin = origin(7, 1);
     u.at_ms = t.now;
@@ -195,6 +197,7 @@ fn a_retried_call_returns_its_first_outcome() {
         queue: Q.into(),
         worker: "w".into(),
         deadline_ms: 0,
+        ..Default::default()
     });
     g.origin = origin(8, 1);
     let first = t.s.apply(&g);

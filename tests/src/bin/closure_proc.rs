@@ -1,8 +1,9 @@
 //! A coordinator or worker process of the closure-queue tests.
 //!
-//! * `closure_proc worker NODES QUEUE NAME RUNLOG` — runs closures: appends
-//!   `ID` to RUNLOG when it starts one, sleeps the milliseconds the payload
-//!   names (`ID-MS` → MS), and answers the payload with `!` appended.
+//! * `closure_proc worker NODES QUEUE NAME RUNLOG [PREFETCH]` — runs
+//!   closures (taking PREFETCH per get, default 1): appends `ID` to RUNLOG
+//!   when it starts one, sleeps the milliseconds the payload names (`ID-MS`
+//!   → MS), and answers the payload with `!` appended.
 //! * `closure_proc schedule NODES QUEUE TAG N MS` — creates nothing, attaches
 //!   to QUEUE and schedules N closures `i-MS`, prints `scheduled N` and
 //!   waits to be killed.
@@ -23,8 +24,10 @@ async fn main() {
         "worker" => {
             let worker = Worker::new(&nodes, queue, &args[4]).expect("worker");
             let log = args[5].clone();
+            let prefetch: u32 = args.get(6).map_or(1, |p| p.parse().expect("PREFETCH"));
             worker
-                .run(
+                .run_prefetching(
+                    prefetch,
                     |c| {
                         let log = log.clone();
                         async move {
