@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, then every test of the workspace
 # (unit, openraft storage suite, multi-process replication and fault tests,
-# stock-jaxlib and stock-TensorFlow interop tests). Idempotent; everything it
+# stock-jaxlib and stock-TensorFlow interop tests), then the Python package's
+# pytest suite. Idempotent; everything it
 # needs is installed by the project's own scripts (the jaxlib venv goes to
 # target/jax-venv, the TensorFlow one to target/tf-venv).
 set -euo pipefail
@@ -18,3 +19,7 @@ cargo build -p coordstore-service --bin coordstore
 # Bounded fuzzing (libFuzzer, a few seconds per target).
 scripts/fuzz.sh
 cargo test --workspace
+# The Python package (python/): built into target/py-venv, tested with pytest
+# against real clusters of the binary built above.
+PY="$(scripts/setup-python.sh | tail -n 1)"
+"$(dirname "$PY")/pytest" -q python/tests

@@ -1,0 +1,110 @@
+"""A worker of a durable closure queue: ``python -m coordstore.worker
+--queue NAME --endpoints HOST:PORT,...`` runs closures scheduled by
+:class:`coordstore.ClusterCoordinator` until it is killed.
+
+Each closure runs under a lease the worker renews (every third of it) while
+the closure runs; if the worker dies, the closure runs again elsewhere once
+the lease lapses. A closure that raises fails with its exception pickled
+(the coordinator raises it); one that raises :class:`PutBack` goes back to
+the queue for another worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Optional
+
+import cloudpickle
+
+from . import _native
+
+
+class PutBack(Exception):
+    """Raised by a closure that cannot run here: it goes back to the queue."""
+
+
+def _error_payload(e: BaseException) -> bytes:
+    try:
+        payload = cloudpickle.dumps(e)
+        pickle.loads(payload)
+        return payload
+    except Exception:  # noqa: BLE001 - an exception that does not round-trip
+        return b""
+
+
+class _Renewer:
+    """Renews the worker's leases every third of the lease while a closure
+    runs."""
+
+    def __init__(self, worker: _native.Worker, lease: float) -> None:
+        self._worker = worker
+        self._every = max(lease / 3.0, 0.01)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._worker.renew()
+            except Exception as e:  # noqa: BLE001 - keep renewing
+                print(f"coordstore worker: renewing the lease: {e}", file=sys.stderr)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run(
+    endpoints: Sequence[str],
+    queue: str,
+    name: Optional[str] = None,
+    prefetch: int = 1,
+    stop: Optional[threading.Event] = None,
+) -> None:
+    """Runs closures of ``queue`` until ``stop`` is set (or forever)."""
+    name = name or f"{socket.gethostname()}-{os.getpid()}"
+    worker = _native.Worker(list(endpoints), queue, name)
+    while stop is None or not stop.is_set():
+        closures, lease = worker.get(prefetch, 5.0)
+        if not closures:
+            continue
+        renewer = _Renewer(worker, lease)
+        results: list[tuple[int, bytes]] = []
+        try:
+            for closure_id, payload, _attempt, _tag in closures:
+                try:
+                    fn, args, kwargs = pickle.loads(payload)
+                    value = fn(*args, **kwargs)
+                except PutBack:
+                    worker.put_back(closure_id)
+                    continue
+                except Exception as e:  # noqa: BLE001 - the closure's own error
+                    message = f"{type(e).__name__}: {e}"
+                    worker.fail(closure_id, 2, message, _error_payload(e))
+                    continue
+                results.append((closure_id, cloudpickle.dumps(value)))
+        finally:
+            renewer.stop()
+        if results:
+            worker.finish_many(results)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m coordstore.worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--queue", required=True, help="the closure queue's name")
+    p.add_argument("--endpoints", required=True, help="every node, HOST:PORT,...")
+    p.add_argument("--name", help="this worker's name (default: HOST-PID)")
+    p.add_argument("--prefetch", type=int, default=1, help="closures taken per get (default 1)")
+    a = p.parse_args(argv)
+    run(a.endpoints.split(","), a.queue, a.name, a.prefetch)
+
+
+if __name__ == "__main__":
+    main()
