@@ -17,12 +17,14 @@ import pickle
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Optional
 
 import cloudpickle
 
 from . import _native
+from .errors import NotFound
 
 
 class PutBack(Exception):
@@ -71,8 +73,17 @@ def run(
     """Runs closures of ``queue`` until ``stop`` is set (or forever)."""
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     worker = _native.Worker(list(endpoints), queue, name)
+    waiting_for_queue = False
     while stop is None or not stop.is_set():
-        closures, lease = worker.get(prefetch, 5.0)
+        try:
+            closures, lease = worker.get(prefetch, 5.0)
+        except NotFound:
+            # Started before its coordinator created the queue: wait for it.
+            if not waiting_for_queue:
+                print(f"coordstore worker: waiting for queue {queue!r} to be created", file=sys.stderr)
+                waiting_for_queue = True
+            time.sleep(0.5)
+            continue
         if not closures:
             continue
         renewer = _Renewer(worker, lease)

@@ -130,6 +130,8 @@ def cluster_factory(tmp_path):
 class Procs:
     """Python helper processes, SIGKILLed when the test ends."""
 
+    python = sys.executable
+
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
 
