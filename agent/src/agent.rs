@@ -454,6 +454,35 @@ impl Agent {
         self.put(key, value.into(), true).await
     }
 
+    /// Adds `increment` to the integer value of `key` (an absent key
+    /// counts as 0) and returns the new value; exactly once across
+    /// failovers. FAILED_PRECONDITION if the value is not an integer.
+    pub async fn increment_key_value(&self, key: &str, increment: i64) -> Result<i64, Status> {
+        let i = self.inner()?;
+        let req = proto::xla::IncrementKeyValueRequest {
+            incarnations: Some(proto::xla::Incarnations {
+                task_id: i.cfg.task_id,
+                task_incarnation: *lock(&i.incarnation),
+                service_incarnation: *lock(&i.service_incarnation),
+            }),
+            key: key.into(),
+            increment,
+        };
+        let r = i
+            .nodes
+            .call(req, |ch, r| async move {
+                proto::xla::coordination_service_client::CoordinationServiceClient::new(ch)
+                    .increment_key_value(r)
+                    .await
+            })
+            .await?;
+        let value = r.kv.map(|kv| kv.value).unwrap_or_default();
+        std::str::from_utf8(&value)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| Status::internal("IncrementKeyValue answered no integer"))
+    }
+
     /// Deletes `key` and everything under it.
     pub async fn delete_key_value(&self, key: &str) -> Result<(), Status> {
         let i = self.inner()?;

@@ -138,6 +138,11 @@ class Agent:
         """Sets ``key``, replacing a value it has."""
         self._a.update(key, _b(value))
 
+    def increment(self, key: str, by: int = 1) -> int:
+        """Adds ``by`` to the integer value of ``key`` (absent: 0) and returns
+        the new value, exactly once even across a failover."""
+        return self._a.increment(key, by)
+
     def delete(self, key: str) -> None:
         """Deletes ``key`` and everything under it."""
         self._a.delete(key)

@@ -205,6 +205,10 @@ impl Agent {
         wait(py, self.inner.update_key_value(key, value))?.map_err(err)
     }
 
+    fn increment(&self, py: Python<'_>, key: &str, by: i64) -> PyResult<i64> {
+        wait(py, self.inner.increment_key_value(key, by))?.map_err(err)
+    }
+
     fn delete(&self, py: Python<'_>, key: &str) -> PyResult<()> {
         wait(py, self.inner.delete_key_value(key))?.map_err(err)
     }

@@ -61,6 +61,11 @@ def test_kv_calls_and_their_errors(cluster_factory):
     with pytest.raises(errors.DeadlineExceeded) as e:
         a.get("never", timeout=0.2)
     assert isinstance(e.value, errors.CoordstoreError) and e.value.code == 4
+    assert a.increment("cfg/count") == 1
+    assert a.increment("cfg/count", 41) == 42
+    assert a.get("cfg/count") == b"42"
+    with pytest.raises(errors.FailedPrecondition):
+        a.increment("cfg/lr", 1)
     a.delete("cfg")
     assert a.get_dir("cfg") == []
     with pytest.raises(ValueError):

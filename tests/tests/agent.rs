@@ -224,6 +224,28 @@ async fn the_agent_rides_through_a_leader_kill_and_its_watch_misses_nothing() {
     assert_eq!(a.state(), AgentState::Connected);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn increments_count_once_across_a_leader_kill() {
+    let mut cluster = Cluster::start(3, &["--job", "worker=1"]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let (a, _errors) = agent(&cluster, "worker", 0);
+    a.connect().await.unwrap();
+    for i in 1..=200i64 {
+        if i == 100 {
+            cluster.kill(leader);
+        }
+        let v = a
+            .increment_key_value("counter", 1)
+            .await
+            .unwrap_or_else(|e| panic!("increment {i}: {e}"));
+        assert_eq!(v, i, "each increment applied once, in order");
+    }
+    assert_eq!(a.get_key_value("counter").await.unwrap().as_ref(), b"200");
+    a.insert_key_value("text", "x").await.unwrap();
+    let e = a.increment_key_value("text", 1).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+}
+
 /// Runs N agents' step loops until each reaches the sync point (or `limit`
 /// steps); returns the steps they stopped at.
 async fn run_steps(
