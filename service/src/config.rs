@@ -124,6 +124,10 @@ pub struct ServeOptions {
     /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 100000]
     #[arg(long)]
     pub max_parked_calls: Option<u64>,
+    /// HOST:PORT to serve Prometheus `/metrics`, `/healthz` and `/readyz`
+    /// on (HTTP) [default: none]
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// The tf.data service version GetVersion answers; clients and workers
     /// require their own (TensorFlow 2.21: 9) [default: 9]
     #[arg(long)]
@@ -210,6 +214,8 @@ pub struct ServeConfig {
     pub tf_addresses: BTreeMap<String, Vec<String>>,
     /// Most client calls parked at once (0: no bound).
     pub max_parked_calls: u64,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
+    pub metrics_listen: Option<String>,
     /// The cluster's peer token, from --peer-token-file.
     pub peer_token: Option<String>,
     /// The tf.data dispatcher's settings.
@@ -305,6 +311,7 @@ impl ServeOptions {
             election_timeout_ms,
             leader_wait_ms,
             max_parked_calls,
+            metrics_listen,
             peer_token_file,
             tfdata_version,
             tfdata_client_timeout_ms,
@@ -480,6 +487,7 @@ impl ServeOptions {
                 .unwrap_or(crate::wake::DEFAULT_MAX_PARKED_CALLS),
             peer_token,
             tfdata,
+            metrics_listen: self.metrics_listen,
         })
     }
 }

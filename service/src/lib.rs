@@ -17,6 +17,7 @@ pub mod dispatcher;
 pub mod duties;
 pub mod leader;
 pub mod node_api;
+pub mod ops;
 pub mod router;
 pub mod server;
 pub mod tfgraph;

@@ -49,6 +49,7 @@ pub struct Router {
     lanes: Lanes,
     leader_wait: Duration,
     max_message_bytes: usize,
+    metrics: Arc<crate::ops::Metrics>,
 }
 
 impl Router {
@@ -68,7 +69,19 @@ impl Router {
             lanes: Lanes::new(),
             leader_wait,
             max_message_bytes,
+            metrics: Arc::default(),
         }
+    }
+
+    /// The same router recording its proposals in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::ops::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<crate::ops::Metrics> {
+        &self.metrics
     }
 
     /// The waits of parked calls on this node's applied state.
@@ -204,7 +217,19 @@ impl Router {
 
     /// Proposes `u` (stamping origin and, on the leader, time) and returns its
     /// outcome once applied.
-    pub async fn propose(&self, mut u: Update, may_forward: bool) -> Result<Applied, Status> {
+    pub async fn propose(&self, u: Update, may_forward: bool) -> Result<Applied, Status> {
+        let t0 = std::time::Instant::now();
+        self.metrics.proposals.inc();
+        let r = self.propose_inner(u, may_forward).await;
+        if r.is_ok() {
+            self.metrics
+                .proposal_seconds
+                .observe(t0.elapsed().as_secs_f64());
+        }
+        r
+    }
+
+    async fn propose_inner(&self, mut u: Update, may_forward: bool) -> Result<Applied, Status> {
         let _lane = self.stamp_origin(&mut u);
         let bytes = u.encode_to_vec();
         let u = &u;

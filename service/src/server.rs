@@ -21,6 +21,7 @@ use crate::duties::{
 };
 use crate::leader::LocalLeader;
 use crate::node_api::NodeApi;
+use crate::ops::{self, GrpcMetricsLayer, Metrics};
 use crate::router::Router;
 use crate::wake::Waits;
 
@@ -84,13 +85,30 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         Arc::new(ClosuresDuty),
     ]));
     let waits = Arc::new(Waits::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls));
-    let router = Arc::new(Router::new(
-        leader.clone(),
-        coordination_duty,
-        waits.clone(),
-        Duration::from_millis(cfg.leader_wait_ms),
-        cfg.max_message_bytes,
-    ));
+    let metrics = Arc::new(Metrics::new());
+    let router = Arc::new(
+        Router::new(
+            leader.clone(),
+            coordination_duty,
+            waits.clone(),
+            Duration::from_millis(cfg.leader_wait_ms),
+            cfg.max_message_bytes,
+        )
+        .with_metrics(metrics.clone()),
+    );
+    let metrics_listener = match &cfg.metrics_listen {
+        Some(a) => {
+            Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|source| ServeError::Bind {
+                        addr: a.clone(),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
 
     let dispatcher = Arc::new(Dispatcher::new(
         router.clone(),
@@ -99,9 +117,12 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     ));
     let coord = Coordination::new(router.clone(), Duration::from_millis(cfg.leader_wait_ms));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (health_reporter, health) = tonic_health::server::health_reporter();
     let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(GrpcMetricsLayer(metrics.clone()))
+        .add_service(health)
         .add_service(node.peer_service())
         .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes))
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
@@ -121,10 +142,19 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             tracing::warn!("bootstrap: {e}");
         }
     }
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(duties.run(leader)),
         tokio::spawn(crate::wake::run_key_wakeups(waits)),
+        tokio::spawn(ops::report_health(router.clone(), health_reporter)),
     ];
+    if let Some(l) = metrics_listener {
+        let (router, metrics) = (router.clone(), metrics.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = ops::serve_http(l, router, metrics, std::future::pending()).await {
+                tracing::error!("metrics and health endpoints: {e}");
+            }
+        }));
+    }
     Ok(RunningNode {
         router,
         addr,

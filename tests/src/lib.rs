@@ -209,6 +209,19 @@ impl Cluster {
         Self::start_with(&addrs, extra, |_| Vec::new(), Some(data_root))
     }
 
+    /// [`Cluster::start`] with extra flags for node `i` from `per_node(i)`
+    /// (flag, value pairs; a flag given twice keeps the last value).
+    pub fn start_each(
+        n: usize,
+        extra: &[&str],
+        per_node: impl Fn(usize) -> Vec<String>,
+    ) -> Cluster {
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        Self::start_with(&addrs, extra, per_node, None)
+    }
+
     fn start_with(
         addrs: &[String],
         extra: &[&str],

@@ -1,0 +1,432 @@
+//! What an operator scrapes and probes: Prometheus metrics (`/metrics`),
+//! liveness (`/healthz`) and readiness (`/readyz`) over HTTP on
+//! `--metrics-listen`, and the standard gRPC health service
+//! (`grpc.health.v1.Health`) on the node port.
+//!
+//! The exposition is Prometheus' text format 0.0.4 (the `prometheus`
+//! crate), which `promtool check metrics` lints. Counters and histograms
+//! are recorded where things happen (each gRPC call
+//! by the [`GrpcMetricsLayer`] around every service, each proposal in the
+//! router); gauges are read from the node at scrape time.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::router::Router;
+
+/// How long a readiness check waits for the leader's read index.
+pub const READY_WAIT: Duration = Duration::from_secs(1);
+
+/// The exposition's content type (Prometheus text format 0.0.4).
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+fn latency_opts(name: &str, help: &str) -> HistogramOpts {
+    // 50 µs to ~26 s.
+    HistogramOpts::new(name, help)
+        .buckets(exponential_buckets(0.000_05, 2.0, 20).expect("valid buckets"))
+}
+
+/// Every metric of one node.
+pub struct Metrics {
+    registry: Registry,
+    grpc_calls: IntCounterVec,
+    grpc_seconds: HistogramVec,
+    /// Proposals this node made (its own and forwarded ones).
+    pub proposals: IntCounter,
+    /// Proposal → applied outcome, seconds.
+    pub proposal_seconds: Histogram,
+    leader_changes: IntCounter,
+    last_leader: AtomicU64,
+    term: IntGauge,
+    leader_id: IntGauge,
+    is_leader: IntGauge,
+    last_log_index: IntGauge,
+    applied_index: IntGauge,
+    snapshot_index: IntGauge,
+    tasks: IntGaugeVec,
+    barriers_pending: IntGauge,
+    parked_calls: IntGauge,
+    kv_keys: IntGauge,
+    kv_bytes: IntGauge,
+    sessions: IntGauge,
+    outcomes: IntGauge,
+    closures: IntGaugeVec,
+    tfdata_jobs: IntGauge,
+    tfdata_workers: IntGauge,
+    rss_bytes: IntGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric, values zero.
+    pub fn new() -> Metrics {
+        let registry =
+            Registry::new_custom(Some("coordstore".into()), None).expect("a valid prefix");
+        fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> M {
+            r.register(Box::new(m.clone()))
+                .expect("unique metric names");
+            m
+        }
+        let gauge = |name: &str, help: &str| {
+            reg(&registry, IntGauge::new(name, help).expect("valid gauge"))
+        };
+        let counter = |name: &str, help: &str| {
+            reg(
+                &registry,
+                IntCounter::new(name, help).expect("valid counter"),
+            )
+        };
+        Metrics {
+            grpc_calls: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "grpc_calls_total",
+                        "gRPC calls answered, by method and status code",
+                    ),
+                    &["method", "code"],
+                )
+                .expect("valid counter"),
+            ),
+            grpc_seconds: reg(
+                &registry,
+                HistogramVec::new(
+                    latency_opts(
+                        "grpc_call_seconds",
+                        "gRPC call latency to the response headers, by method",
+                    ),
+                    &["method"],
+                )
+                .expect("valid histogram"),
+            ),
+            proposals: counter("raft_proposals_total", "Updates proposed through this node"),
+            proposal_seconds: reg(
+                &registry,
+                Histogram::with_opts(latency_opts(
+                    "raft_proposal_seconds",
+                    "Proposal to applied outcome, through this node",
+                ))
+                .expect("valid histogram"),
+            ),
+            leader_changes: counter(
+                "raft_leader_changes_total",
+                "Leader changes this node saw (at scrapes)",
+            ),
+            last_leader: AtomicU64::new(0),
+            term: gauge("raft_term", "Current Raft term"),
+            leader_id: gauge(
+                "raft_leader_id",
+                "Node id of the leader this node knows (0: none)",
+            ),
+            is_leader: gauge("raft_is_leader", "1 on the leader"),
+            last_log_index: gauge(
+                "raft_last_log_index",
+                "Index of the last entry in this node's log",
+            ),
+            applied_index: gauge(
+                "raft_applied_index",
+                "Index of the last entry applied to this node's state",
+            ),
+            snapshot_index: gauge("raft_snapshot_index", "Index the newest snapshot covers"),
+            tasks: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("tasks", "Coordination tasks by state"),
+                    &["state"],
+                )
+                .expect("valid gauge"),
+            ),
+            barriers_pending: gauge("barriers_pending", "Barriers waiting for tasks"),
+            parked_calls: gauge(
+                "parked_calls",
+                "Client calls waiting on this node (blocking gets, barriers, polls)",
+            ),
+            kv_keys: gauge("kv_keys", "Keys in the KV store"),
+            kv_bytes: gauge("kv_bytes", "Bytes of keys and values in the KV store"),
+            sessions: gauge("exactly_once_clients", "Clients in the exactly-once table"),
+            outcomes: gauge(
+                "exactly_once_outcomes",
+                "Outcomes held by the exactly-once table",
+            ),
+            closures: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "closures",
+                        "Closures by queue and state (pending, queued, running; records: all kept)",
+                    ),
+                    &["queue", "state"],
+                )
+                .expect("valid gauge"),
+            ),
+            tfdata_jobs: gauge("tfdata_jobs", "tf.data service jobs"),
+            tfdata_workers: gauge("tfdata_workers", "tf.data service workers known"),
+            rss_bytes: gauge(
+                "process_resident_memory_bytes",
+                "Resident memory of this process",
+            ),
+            registry,
+        }
+    }
+
+    fn record_call(&self, method: &str, code: i32, took: Duration) {
+        // The path is the client's: only methods that exist become labels
+        // (an unknown one is answered UNIMPLEMENTED), so a client cannot
+        // grow the label set.
+        let method = if code == tonic::Code::Unimplemented as i32 || !known_path(method) {
+            "other"
+        } else {
+            method
+        };
+        let code = format!("{:?}", tonic::Code::from_i32(code));
+        self.grpc_calls.with_label_values(&[method, &code]).inc();
+        self.grpc_seconds
+            .with_label_values(&[method])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Reads the gauges off the node and renders the text exposition.
+    pub fn render(&self, router: &Router) -> String {
+        let node = router.node();
+        let m = node.metrics();
+        let leader = m.current_leader.unwrap_or(0);
+        if self.last_leader.swap(leader, Ordering::Relaxed) != leader && leader != 0 {
+            self.leader_changes.inc();
+        }
+        self.term.set(m.current_term as i64);
+        self.leader_id.set(leader as i64);
+        self.is_leader.set(i64::from(leader == node.id()));
+        self.last_log_index
+            .set(m.last_log_index.unwrap_or(0) as i64);
+        self.applied_index
+            .set(m.last_applied.map_or(0, |l| l.index) as i64);
+        self.snapshot_index
+            .set(m.snapshot.map_or(0, |l| l.index) as i64);
+        self.parked_calls.set(router.waits().parked_calls() as i64);
+        node.state().read(|s| {
+            let c = s.coordination();
+            let mut by_state = [0i64; 3];
+            for i in 0..s.task_count() {
+                if let Some(st) = c.task_status(i) {
+                    by_state[st as usize % 3] += 1;
+                }
+            }
+            for (i, name) in ["disconnected", "connected", "error"].iter().enumerate() {
+                self.tasks.with_label_values(&[*name]).set(by_state[i]);
+            }
+            self.barriers_pending
+                .set(c.barriers().filter(|(_, b)| b.status == 0).count() as i64);
+            self.kv_keys.set(c.kv_len() as i64);
+            self.kv_bytes.set(
+                c.kv_all()
+                    .map(|(k, r)| (k.len() + r.value.len()) as i64)
+                    .sum(),
+            );
+            self.sessions.set(s.session_count() as i64);
+            self.outcomes.set(s.outcomes_held() as i64);
+            for q in s.closures().queues() {
+                for (state, n) in [
+                    ("pending", q.pending.len() as u64),
+                    ("queued", q.queued.len() as u64),
+                    ("running", q.running.len() as u64),
+                    ("records", q.closures),
+                ] {
+                    self.closures
+                        .with_label_values(&[q.name.as_str(), state])
+                        .set(n as i64);
+                }
+            }
+            let d = s.dispatcher();
+            self.tfdata_jobs.set(d.jobs().count() as i64);
+            self.tfdata_workers.set(d.workers().count() as i64);
+        });
+        self.rss_bytes.set(rss_bytes() as i64);
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("writing to a Vec");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+/// Whether `path` names a method of a service this node serves.
+fn known_path(path: &str) -> bool {
+    const SERVICES: [&str; 8] = [
+        "/xla.coordination.CoordinationService/",
+        "/tensorflow.CoordinationService/",
+        "/tensorflow.data.DispatcherService/",
+        "/coordstore.v1.Node/",
+        "/coordstore.v1.Agent/",
+        "/coordstore.v1.ClosureQueue/",
+        "/coordstore.v1.RaftPeer/",
+        "/grpc.health.v1.Health/",
+    ];
+    SERVICES.iter().any(|s| {
+        path.strip_prefix(s).is_some_and(|m| {
+            !m.is_empty() && m.len() <= 64 && m.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
+    })
+}
+
+fn rss_bytes() -> u64 {
+    // statm: size resident shared ... in pages.
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(0) as u64
+}
+
+/// Records every gRPC call (method, status code, latency) in [`Metrics`].
+#[derive(Clone)]
+pub struct GrpcMetricsLayer(pub Arc<Metrics>);
+
+impl<S> tower::Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetrics<S>;
+
+    fn layer(&self, inner: S) -> GrpcMetrics<S> {
+        GrpcMetrics {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`GrpcMetricsLayer`] wraps around each gRPC service.
+#[derive(Clone)]
+pub struct GrpcMetrics<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, RB> tower::Service<http::Request<B>> for GrpcMetrics<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = req.uri().path().to_string();
+        let metrics = self.metrics.clone();
+        let t0 = Instant::now();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            // tonic answers an error as trailers-only: the status is in the
+            // headers; a success carries it in the trailers (OK).
+            let code = match &r {
+                Ok(resp) => resp
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                Err(_) => tonic::Code::Unknown as i32,
+            };
+            metrics.record_call(&method, code, t0.elapsed());
+            r
+        })
+    }
+}
+
+/// Whether this node is ready: it knows a leader and has applied the
+/// leader's commit index as of now (a ReadIndex round), within
+/// [`READY_WAIT`]. `Err` says why not.
+pub async fn ready(router: &Router) -> Result<u64, String> {
+    match tokio::time::timeout(READY_WAIT, router.linearizable()).await {
+        Ok(Ok(())) => Ok(router.waits().applied_index()),
+        Ok(Err(s)) => Err(s.message().to_string()),
+        Err(_) => Err(format!(
+            "no read index from a leader within {} ms",
+            READY_WAIT.as_millis()
+        )),
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: Arc<Router>,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::{header, StatusCode};
+    use axum::routing::get;
+
+    let r1 = router.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let (router, metrics) = (r1.clone(), metrics.clone());
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+                        metrics.render(&router),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let router = router.clone();
+                async move {
+                    match ready(&router).await {
+                        Ok(index) => (StatusCode::OK, format!("ready: applied {index}\n")),
+                        Err(why) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
+                    }
+                }
+            }),
+        );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+}
+
+/// Keeps the gRPC health service's overall status ("") at SERVING while
+/// [`ready`] holds, NOT_SERVING otherwise; checked every second.
+pub async fn report_health(router: Arc<Router>, reporter: tonic_health::server::HealthReporter) {
+    loop {
+        let status = match ready(&router).await {
+            Ok(_) => tonic_health::ServingStatus::Serving,
+            Err(_) => tonic_health::ServingStatus::NotServing,
+        };
+        reporter.set_service_status("", status).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

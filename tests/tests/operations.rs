@@ -1,0 +1,220 @@
+//! What an operator scrapes and probes, on a real 3-node cluster: the
+//! Prometheus exposition (checked by `promtool check metrics`, values
+//! against what the test did), `/healthz`, `/readyz` and the gRPC health
+//! service through the loss of quorum and its return.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use coordstore_tests::{free_port, Cluster, Writer};
+
+/// GET `path` from `addr` over HTTP/1.0: (status, body); None if the
+/// connection fails.
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Some((status, body))
+}
+
+fn wait_http(addr: &str, path: &str, want: u16, wait: Duration) -> String {
+    let deadline = Instant::now() + wait;
+    loop {
+        let got = http_get(addr, path);
+        if let Some((status, body)) = &got {
+            if *status == want {
+                return body.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}{path} did not answer {want} within {wait:?}: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value of the sample `name` (with its label set, as exposed).
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn promtool() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/setup-prometheus.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("scripts/setup-prometheus.sh");
+    assert!(out.status.success(), "setup-prometheus.sh failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("promtool path")
+        .to_string()
+}
+
+fn metrics_ports(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool_and_count_what_was_done() {
+    let promtool = promtool();
+    let http = metrics_ports(3);
+    let h = http.clone();
+    let cluster = Cluster::start_each(3, &[], move |i| {
+        vec!["--metrics-listen".into(), h[i].clone()]
+    });
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
+        .await;
+    let mut client = cluster.client(leader, Duration::from_secs(30)).await;
+    let mut w = Writer::new();
+    for i in 0..25 {
+        w.put(
+            &mut client,
+            &format!("m/{i}"),
+            b"0123456789",
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("put");
+    }
+    let text = wait_http(&http[leader], "/metrics", 200, Duration::from_secs(10));
+
+    let mut check = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert_eq!(sample(&text, "coordstore_kv_keys"), Some(25.0), "{text}");
+    // Keys "m/0".."m/24" and 10-byte values.
+    let key_bytes: usize = (0..25).map(|i| format!("m/{i}").len()).sum();
+    assert_eq!(
+        sample(&text, "coordstore_kv_bytes"),
+        Some((key_bytes + 250) as f64)
+    );
+    assert_eq!(sample(&text, "coordstore_raft_is_leader"), Some(1.0));
+    let proposals = sample(&text, "coordstore_raft_proposals_total").unwrap();
+    assert!(proposals >= 25.0, "{proposals} proposals");
+    let calls = sample(
+        &text,
+        r#"coordstore_grpc_calls_total{code="Ok",method="/coordstore.v1.Node/Propose"}"#,
+    )
+    .unwrap_or(0.0);
+    assert!(calls >= 25.0, "{calls} Propose calls:\n{text}");
+    assert!(sample(&text, "coordstore_process_resident_memory_bytes").unwrap() > 1e6);
+    // A follower knows the same leader and the same keys once applied.
+    let follower = (leader + 1) % 3;
+    let t = wait_http(&http[follower], "/metrics", 200, Duration::from_secs(10));
+    assert_eq!(sample(&t, "coordstore_raft_is_leader"), Some(0.0));
+    assert_eq!(
+        sample(&t, "coordstore_raft_leader_id"),
+        Some(cluster.nodes[leader].id as f64)
+    );
+    // A method no service has is counted as "other", not as a new label.
+    let ch = coordstore_tests::wire::channel(&cluster.nodes[leader].addr).await;
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready().await.unwrap();
+    let r: Result<tonic::Response<proto::coordstore::StatusResponse>, tonic::Status> = g
+        .unary(
+            tonic::Request::new(proto::coordstore::StatusRequest {}),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/coordstore.v1.Node/Nope"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    assert_eq!(r.unwrap_err().code(), tonic::Code::Unimplemented);
+    let text = wait_http(&http[leader], "/metrics", 200, Duration::from_secs(10));
+    assert!(!text.contains("Nope"), "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            r#"coordstore_grpc_calls_total{code="Unimplemented",method="other"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_quorum_and_liveness_the_process() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+    let http = metrics_ports(3);
+    let h = http.clone();
+    let mut cluster = Cluster::start_each(3, &[], move |i| {
+        vec!["--metrics-listen".into(), h[i].clone()]
+    });
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
+        .await;
+    for a in &http {
+        wait_http(a, "/healthz", 200, Duration::from_secs(10));
+        wait_http(a, "/readyz", 200, Duration::from_secs(30));
+    }
+    let grpc_status = |addr: String| async move {
+        let ch = coordstore_tests::wire::channel(&addr).await;
+        HealthClient::new(ch)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map(|r| r.into_inner().status())
+    };
+    let survivor = (leader + 1) % 3;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while grpc_status(cluster.nodes[survivor].addr.clone()).await.ok()
+        != Some(ServingStatus::Serving)
+    {
+        assert!(Instant::now() < deadline, "gRPC health never SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The leader and another node die: the survivor has no quorum.
+    let other = (leader + 2) % 3;
+    cluster.kill(leader);
+    cluster.kill(other);
+    let why = wait_http(&http[survivor], "/readyz", 503, Duration::from_secs(30));
+    assert!(why.starts_with("not ready"), "{why}");
+    wait_http(&http[survivor], "/healthz", 200, Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while grpc_status(cluster.nodes[survivor].addr.clone()).await.ok()
+        != Some(ServingStatus::NotServing)
+    {
+        assert!(Instant::now() < deadline, "gRPC health never NOT_SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // One comes back: a quorum again, ready again.
+    cluster.restart(other);
+    wait_http(&http[survivor], "/readyz", 200, Duration::from_secs(60));
+    wait_http(&http[other], "/readyz", 200, Duration::from_secs(60));
+}
