@@ -90,7 +90,7 @@ impl Metrics {
                 IntCounter::new(name, help).expect("valid counter"),
             )
         };
-        Metrics {
+        let m = Metrics {
             grpc_calls: reg(
                 &registry,
                 IntCounterVec::new(
@@ -180,7 +180,11 @@ impl Metrics {
                 "Resident memory of this process",
             ),
             registry,
+        };
+        for c in storage::metrics::collectors() {
+            m.registry.register(c).expect("unique metric names");
         }
+        m
     }
 
     fn record_call(&self, method: &str, code: i32, took: Duration) {

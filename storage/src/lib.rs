@@ -12,6 +12,7 @@
 
 mod backend;
 mod log_store;
+pub mod metrics;
 mod state_machine;
 mod types;
 

@@ -305,10 +305,13 @@ fn flush_loop(backend: &std::sync::Weak<dyn Backend>, queue: mpsc::Receiver<Flus
         // Appends queued before this pass were flushed by an earlier one.
         let mut flushed = Ok(());
         if !done.is_empty() {
+            let t0 = std::time::Instant::now();
             flushed = match backend.upgrade() {
                 Some(b) => b.flush(),
                 None => Err(io::Error::other("the database is closed")),
             };
+            crate::metrics::FLUSH_SECONDS.observe(t0.elapsed().as_secs_f64());
+            crate::metrics::FLUSH_APPENDS.observe(done.len() as f64);
             match &flushed {
                 Ok(()) => done.into_iter().for_each(|cb| cb.io_completed(Ok(()))),
                 Err(e) => {

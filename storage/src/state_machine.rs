@@ -203,6 +203,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             data,
         )
         .await?;
+        crate::metrics::SNAPSHOT_BUILDS.inc();
+        crate::metrics::SNAPSHOT_BYTES.set(data.len() as i64);
         Ok(Snapshot {
             meta: self.meta.clone(),
             snapshot: Cursor::new(data),

@@ -131,6 +131,13 @@ async fn metrics_pass_promtool_and_count_what_was_done() {
     .unwrap_or(0.0);
     assert!(calls >= 25.0, "{calls} Propose calls:\n{text}");
     assert!(sample(&text, "coordstore_process_resident_memory_bytes").unwrap() > 1e6);
+    // Every put was made durable by a flush (fdatasync) on the leader.
+    let flushes = sample(&text, "coordstore_storage_flush_seconds_count").unwrap();
+    let appends = sample(&text, "coordstore_storage_flush_appends_sum").unwrap();
+    assert!(
+        flushes >= 1.0 && appends >= 25.0,
+        "{flushes} flushes of {appends} appends"
+    );
     // A follower knows the same leader and the same keys once applied.
     let follower = (leader + 1) % 3;
     let t = wait_http(&http[follower], "/metrics", 200, Duration::from_secs(10));
