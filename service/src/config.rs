@@ -128,6 +128,13 @@ pub struct ServeOptions {
     /// on (HTTP) [default: none]
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Log lines as `text` or `json`, each with the node id, term and role [default: text]
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// Log a warning for each proposal that takes longer than this to
+    /// apply; 0 = every one [default: 1000]
+    #[arg(long)]
+    pub slow_request_ms: Option<u64>,
     /// The tf.data service version GetVersion answers; clients and workers
     /// require their own (TensorFlow 2.21: 9) [default: 9]
     #[arg(long)]
@@ -216,6 +223,10 @@ pub struct ServeConfig {
     pub max_parked_calls: u64,
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
     pub metrics_listen: Option<String>,
+    /// How log lines look.
+    pub log_format: crate::logs::LogFormat,
+    /// Proposals slower than this are logged.
+    pub slow_request_ms: u64,
     /// The cluster's peer token, from --peer-token-file.
     pub peer_token: Option<String>,
     /// The tf.data dispatcher's settings.
@@ -312,6 +323,8 @@ impl ServeOptions {
             leader_wait_ms,
             max_parked_calls,
             metrics_listen,
+            log_format,
+            slow_request_ms,
             peer_token_file,
             tfdata_version,
             tfdata_client_timeout_ms,
@@ -488,6 +501,8 @@ impl ServeOptions {
             peer_token,
             tfdata,
             metrics_listen: self.metrics_listen,
+            log_format: self.log_format.as_deref().unwrap_or("text").parse()?,
+            slow_request_ms: self.slow_request_ms.unwrap_or(1000),
         })
     }
 }

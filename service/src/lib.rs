@@ -16,6 +16,7 @@ pub mod dialect;
 pub mod dispatcher;
 pub mod duties;
 pub mod leader;
+pub mod logs;
 pub mod node_api;
 pub mod ops;
 pub mod router;

@@ -22,8 +22,9 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 pub static malloc_conf: &[u8; 86] =
     b"narenas:1,tcache_max:1024,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
-use service::config::ServeOptions;
+use service::config::{ServeConfig, ServeOptions};
 use service::ctl::CtlCommand;
+use service::logs::{LogFormat, NodeLines};
 
 #[derive(Parser)]
 #[command(
@@ -63,13 +64,26 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = cli.command.unwrap_or_else(|| Cmd::Serve(Box::default()));
+    // A node's settings (its log format among them) before the first line.
+    let serve_cfg = match &command {
+        Cmd::Serve(opts) => match opts.as_ref().clone().resolve() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("coordstore serve: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    let format = serve_cfg.as_ref().map_or(LogFormat::Text, |c| c.log_format);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("COORDSTORE_LOG")
                 .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
+        .event_format(NodeLines(format))
         .init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -78,8 +92,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cli.command.unwrap_or_else(|| Cmd::Serve(Box::default())) {
-        Cmd::Serve(opts) => rt.block_on(serve(*opts)),
+    match command {
+        Cmd::Serve(_) => rt.block_on(serve(serve_cfg.expect("resolved above"))),
         Cmd::Relay { listen, endpoints } => {
             let cfg = agent::relay::RelayConfig::new(endpoints);
             match rt.block_on(agent::relay::serve(listen, cfg, wait_for_signal())) {
@@ -105,14 +119,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(opts: ServeOptions) -> ExitCode {
-    let cfg = match opts.resolve() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("coordstore serve: {e}");
-            return ExitCode::from(2);
-        }
-    };
+async fn serve(cfg: ServeConfig) -> ExitCode {
     let node = match service::server::start(cfg.clone()).await {
         Ok(n) => n,
         Err(e) => {

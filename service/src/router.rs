@@ -50,6 +50,7 @@ pub struct Router {
     leader_wait: Duration,
     max_message_bytes: usize,
     metrics: Arc<crate::ops::Metrics>,
+    slow: Duration,
 }
 
 impl Router {
@@ -70,7 +71,14 @@ impl Router {
             leader_wait,
             max_message_bytes,
             metrics: Arc::default(),
+            slow: Duration::from_secs(1),
         }
+    }
+
+    /// The same router logging each proposal slower than `slow`.
+    pub fn with_slow_request(mut self, slow: Duration) -> Self {
+        self.slow = slow;
+        self
     }
 
     /// The same router recording its proposals in `metrics`.
@@ -221,10 +229,17 @@ impl Router {
         let t0 = std::time::Instant::now();
         self.metrics.proposals.inc();
         let r = self.propose_inner(u, may_forward).await;
+        let took = t0.elapsed();
         if r.is_ok() {
-            self.metrics
-                .proposal_seconds
-                .observe(t0.elapsed().as_secs_f64());
+            self.metrics.proposal_seconds.observe(took.as_secs_f64());
+        }
+        if took >= self.slow {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                ok = r.is_ok(),
+                "slow request: a proposal took {} ms to apply",
+                took.as_millis()
+            );
         }
         r
     }

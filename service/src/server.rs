@@ -75,6 +75,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         peer_token: cfg.peer_token.clone(),
     })
     .await?;
+    crate::logs::set_node(node.clone());
     let leader = LocalLeader::new(node.clone());
     let coordination_duty = Arc::new(CoordinationDuty::new(cfg.tf_addresses.clone()));
     let dispatcher_duty = Arc::new(DispatcherDuty::new(cfg.tfdata.clone()));
@@ -94,7 +95,8 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             Duration::from_millis(cfg.leader_wait_ms),
             cfg.max_message_bytes,
         )
-        .with_metrics(metrics.clone()),
+        .with_metrics(metrics.clone())
+        .with_slow_request(Duration::from_millis(cfg.slow_request_ms)),
     );
     let metrics_listener = match &cfg.metrics_listen {
         Some(a) => {

@@ -225,3 +225,46 @@ async fn readiness_follows_the_quorum_and_liveness_the_process() {
     wait_http(&http[survivor], "/readyz", 200, Duration::from_secs(60));
     wait_http(&http[other], "/readyz", 200, Duration::from_secs(60));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines_carry_node_term_and_role_and_slow_requests() {
+    let cluster = Cluster::start(1, &["--log-format", "json", "--slow-request-ms", "0"]);
+    cluster.wait_leader(&[0], Duration::from_secs(30)).await;
+    let mut client = cluster.client(0, Duration::from_secs(30)).await;
+    Writer::new()
+        .put(&mut client, "k", b"v", Duration::from_secs(30))
+        .await
+        .unwrap();
+    // With a 0 ms threshold every proposal is logged as slow.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let slow = loop {
+        let log = cluster.nodes[0].log();
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        if let Some(l) = lines.iter().find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("slow request"))
+        }) {
+            break l.clone();
+        }
+        assert!(Instant::now() < deadline, "no slow-request line:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(slow["level"], "WARN", "{slow}");
+    assert_eq!(slow["node_id"], 1, "{slow}");
+    assert_eq!(slow["role"], "leader", "{slow}");
+    assert!(slow["term"].as_u64().unwrap() >= 1, "{slow}");
+    assert!(slow["ms"].is_u64(), "{slow}");
+
+    // A format the node does not know is refused before it starts.
+    let out = std::process::Command::new(coordstore_tests::coordstore_bin())
+        .args(["serve", "--log-format", "xml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--log-format is text or json"));
+}
