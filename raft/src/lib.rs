@@ -22,7 +22,9 @@ mod reads;
 pub use batcher::{Applied, ProposeError};
 pub use config::RaftSettings;
 pub use contact::QUORUM_AGE_HEADER;
-pub use network::{Channels, PeerNetwork, PeerService, PeerToken, Raft, PEER_TOKEN_HEADER};
+pub use network::{
+    Channels, PeerNetwork, PeerService, PeerToken, Raft, PEER_CLUSTER_HEADER, PEER_TOKEN_HEADER,
+};
 pub use node::{MetricsWatch, NodeConfig, RaftNode, Role, StartError};
 /// The trait of [`MetricsWatch`] (`borrow_watched`, `changed`).
 pub use openraft::type_config::async_runtime::WatchReceiver;

@@ -147,6 +147,7 @@ async fn hold_elections(raft: Raft, min_ms: u64, max_ms: u64) {
 /// A running node.
 pub struct RaftNode {
     id: NodeId,
+    cluster_id: String,
     address: String,
     raft: Raft,
     state: StateHandle,
@@ -189,7 +190,7 @@ impl RaftNode {
         });
         let channels = Channels::with_overrides(cfg.peer_overrides.clone());
         let contact = Arc::new(Contact::new(cfg.node_id));
-        let peer_token = PeerToken::new(cfg.peer_token.clone());
+        let peer_token = PeerToken::new(cfg.peer_token.clone()).for_cluster(&cfg.cluster_id);
         let network = PeerNetwork::new(
             channels.clone(),
             cfg.settings.max_message_bytes,
@@ -216,6 +217,7 @@ impl RaftNode {
         let reads = reads::spawn(raft.clone(), state.clone(), read_floor);
         Ok(Arc::new(RaftNode {
             id: cfg.node_id,
+            cluster_id: cfg.cluster_id.clone(),
             address: cfg.address,
             raft,
             state,
@@ -230,6 +232,11 @@ impl RaftNode {
             contact,
             peer_token,
         }))
+    }
+
+    /// The cluster's id.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
     }
 
     /// The cluster's peer token (required of peer RPCs and membership

@@ -276,6 +276,23 @@ fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
+/// `--cluster ID=HOST:PORT,...`: the voting members, id → address.
+pub fn parse_cluster(spec: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut cluster = BTreeMap::new();
+    for (id, addr) in parse_pairs(spec, "--cluster")? {
+        let id: u64 = id
+            .parse()
+            .map_err(|_| format!("--cluster: bad node id '{id}'"))?;
+        if id == 0 {
+            return Err("--cluster: node ids must be > 0".into());
+        }
+        if cluster.insert(id, addr).is_some() {
+            return Err(format!("--cluster: node {id} is listed twice"));
+        }
+    }
+    Ok(cluster)
+}
+
 impl ServeOptions {
     /// Reads `--config FILE` (if given) and lays these flags over it.
     pub fn resolve(self) -> Result<ServeConfig, String> {
@@ -346,15 +363,7 @@ impl ServeOptions {
         let mut cluster = BTreeMap::new();
         match &self.cluster {
             Some(spec) => {
-                for (id, addr) in parse_pairs(spec, "--cluster")? {
-                    let id: u64 = id
-                        .parse()
-                        .map_err(|_| format!("--cluster: bad node id '{id}'"))?;
-                    if id == 0 {
-                        return Err("--cluster: node ids must be > 0".into());
-                    }
-                    cluster.insert(id, addr);
-                }
+                cluster = parse_cluster(spec)?;
                 if !cluster.contains_key(&node_id) {
                     return Err(format!("--cluster does not list this node ({node_id})"));
                 }

@@ -52,6 +52,25 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', required = true)]
         endpoints: Vec<String>,
     },
+    /// Seed a new cluster's data dir from a backup (`ctl snapshot save`):
+    /// run it for every member with the same FILE, --cluster and
+    /// --cluster-id, then start each node with that --cluster-id.
+    Restore {
+        /// The backup file.
+        file: std::path::PathBuf,
+        /// The new data dir (must not exist, or be empty).
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+        /// This node's id in the new cluster.
+        #[arg(long)]
+        node_id: u64,
+        /// Every voting member of the new cluster: ID=HOST:PORT,...
+        #[arg(long)]
+        cluster: String,
+        /// The new cluster's id: any name but the backed-up cluster's.
+        #[arg(long)]
+        cluster_id: String,
+    },
     /// Operator commands against a running node.
     Ctl {
         /// A node's HOST:PORT.
@@ -104,6 +123,22 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Restore {
+            file,
+            data_dir,
+            node_id,
+            cluster,
+            cluster_id,
+        } => match restore(&file, &data_dir, node_id, &cluster, cluster_id) {
+            Ok(out) => {
+                println!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("coordstore restore: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::Ctl { endpoint, command } => {
             match rt.block_on(service::ctl::run(&endpoint, command)) {
                 Ok(out) => {
@@ -117,6 +152,33 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `coordstore restore`: checks the backup, then seeds the data dir.
+fn restore(
+    file: &std::path::Path,
+    data_dir: &std::path::Path,
+    node_id: u64,
+    cluster: &str,
+    cluster_id: String,
+) -> Result<String, String> {
+    let members = service::config::parse_cluster(cluster)?;
+    let backup = storage::backup::Backup::read(file)?;
+    let identity = storage::Identity {
+        cluster_id,
+        node_id,
+    };
+    let log_id = storage::backup::restore(data_dir, &identity, &backup, &members)
+        .map_err(|e| e.to_string())?;
+    Ok(serde_json::json!({
+        "data_dir": data_dir.display().to_string(),
+        "node_id": node_id,
+        "cluster_id": identity.cluster_id,
+        "index": log_id.index,
+        "state_digest": backup.header.state_digest,
+        "restored_from_cluster": backup.header.cluster_id,
+    })
+    .to_string())
 }
 
 async fn serve(cfg: ServeConfig) -> ExitCode {

@@ -89,6 +89,7 @@ pub fn status(router: &Router) -> StatusResponse {
         snapshot_index: m.snapshot.map_or(0, |l| l.index),
         purged_index: m.purged.map_or(0, |l| l.index),
         parked_calls: router.waits().parked_calls(),
+        cluster_id: node.cluster_id().to_string(),
     }
 }
 
@@ -201,10 +202,10 @@ impl Node for NodeApi {
                 may_forward,
                 || async {
                     router.leader().read_barrier().await?;
-                    let state = router.node().state();
+                    let (snapshot, last_applied) = router.node().state().encode_snapshot();
                     Ok(StateResponse {
-                        snapshot: state.read(|s| s.encode_snapshot()).into(),
-                        last_applied: state.last_applied().map_or(0, |l| l.index),
+                        snapshot: snapshot.into(),
+                        last_applied,
                     })
                 },
                 |mut c| async move { Ok(c.state(forwarded(StateRequest {})).await?.into_inner()) },

@@ -353,7 +353,7 @@ fn decode_snapshot_file(mut raw: Vec<u8>) -> io::Result<(Vec<u8>, Vec<u8>)> {
 }
 
 /// fsyncs a directory (its entries).
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 

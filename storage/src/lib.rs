@@ -11,6 +11,7 @@
 //! [`Outcomes`] in order.
 
 mod backend;
+pub mod backup;
 mod log_store;
 pub mod metrics;
 mod state_machine;

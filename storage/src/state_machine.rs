@@ -86,6 +86,16 @@ impl StateHandle {
         self.0.read().membership.clone()
     }
 
+    /// The state's snapshot encoding and the log index it was applied up
+    /// to, read together.
+    pub fn encode_snapshot(&self) -> (Vec<u8>, u64) {
+        let d = self.0.read();
+        (
+            d.state.encode_snapshot(),
+            d.last_applied.map_or(0, |l| l.index),
+        )
+    }
+
     /// The digest of the current state.
     pub fn digest_hex(&self) -> String {
         self.read(|s| s.digest_hex())

@@ -209,6 +209,12 @@ impl Cluster {
         Self::start_with(&addrs, extra, |_| Vec::new(), Some(data_root))
     }
 
+    /// Starts nodes at `addrs` (ids 1..) on the data dirs
+    /// `data_root/node{id}` (seeded already, say).
+    pub fn start_at_on(addrs: &[String], extra: &[&str], data_root: &std::path::Path) -> Cluster {
+        Self::start_with(addrs, extra, |_| Vec::new(), Some(data_root))
+    }
+
     /// [`Cluster::start`] with extra flags for node `i` from `per_node(i)`
     /// (flag, value pairs; a flag given twice keeps the last value).
     pub fn start_each(
