@@ -73,6 +73,9 @@ pub struct AgentConfig {
     pub retry_for: Duration,
     /// Largest message in either direction.
     pub max_message_bytes: usize,
+    /// Dial the nodes over TLS with this (see `proto::tls::client`); None:
+    /// plaintext.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl AgentConfig {
@@ -86,6 +89,7 @@ impl AgentConfig {
             heartbeat_interval: Duration::from_secs(10),
             retry_for: Duration::from_secs(300),
             max_message_bytes: 1 << 30,
+            tls: None,
         }
     }
 }
@@ -145,8 +149,8 @@ impl Agent {
         if self.inner.is_some() {
             return Err(precondition("the agent is already initialized"));
         }
-        let nodes =
-            Endpoints::new(&cfg.endpoints, cfg.retry_for).map_err(Status::invalid_argument)?;
+        let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())
+            .map_err(Status::invalid_argument)?;
         self.inner = Some(Arc::new(Inner {
             cfg,
             nodes,

@@ -46,13 +46,28 @@ impl Endpoints {
     /// Lazily connected channels to `addrs` (HOST:PORT); a call keeps trying
     /// nodes for up to `retry_for`.
     pub fn new(addrs: &[String], retry_for: Duration) -> Result<Endpoints, String> {
+        Self::with_tls(addrs, retry_for, None)
+    }
+
+    /// [`Endpoints::new`], dialing over TLS with `tls` (None: plaintext).
+    pub fn with_tls(
+        addrs: &[String],
+        retry_for: Duration,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Result<Endpoints, String> {
         if addrs.is_empty() {
             return Err("at least one endpoint is needed".into());
         }
         let mut channels = Vec::new();
         for addr in addrs {
-            let ch = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| format!("bad endpoint {addr}: {e}"))?
+            let mut ep = Endpoint::from_shared(proto::tls::uri(addr, tls.is_some()))
+                .map_err(|e| format!("bad endpoint {addr}: {e}"))?;
+            if let Some(tls) = &tls {
+                ep = ep
+                    .tls_config(tls.clone())
+                    .map_err(|e| format!("TLS for {addr}: {e}"))?;
+            }
+            let ch = ep
                 .connect_timeout(Duration::from_millis(500))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(2))

@@ -26,6 +26,9 @@ pub struct RelayConfig {
     pub retry_for: Duration,
     /// Largest message in either direction.
     pub max_message_bytes: usize,
+    /// Dial the nodes over TLS with this; None: plaintext. The relay's own
+    /// port stays plaintext: keep it on the client's host, the TLS end.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl RelayConfig {
@@ -35,6 +38,7 @@ impl RelayConfig {
             endpoints,
             retry_for: Duration::from_secs(600),
             max_message_bytes: 1 << 30,
+            tls: None,
         }
     }
 }
@@ -157,7 +161,7 @@ pub async fn serve(
     cfg: RelayConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let nodes = Endpoints::new(&cfg.endpoints, cfg.retry_for)?;
+    let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

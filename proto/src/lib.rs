@@ -13,6 +13,8 @@
 //! Server and client stubs are generated for each service; the service crate
 //! and the agent share them.
 
+pub mod tls;
+
 /// `xla.coordination`: messages and the `CoordinationService` stubs jaxlib 0.12 uses.
 #[allow(clippy::all, clippy::pedantic)]
 pub mod xla {

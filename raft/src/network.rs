@@ -43,6 +43,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct Channels {
     cache: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
     overrides: Arc<HashMap<NodeId, String>>,
+    tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl Default for Channels {
@@ -62,7 +63,14 @@ impl Channels {
         Channels {
             cache: Arc::new(Mutex::new(HashMap::new())),
             overrides: Arc::new(overrides),
+            tls: None,
         }
+    }
+
+    /// The same, dialing peers over TLS with `tls` (None: plaintext).
+    pub fn with_tls(mut self, tls: Option<tonic::transport::ClientTlsConfig>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The channel to node `id` at `addr` (host:port), created on first use
@@ -75,8 +83,14 @@ impl Channels {
                 return Ok(ch.clone());
             }
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr}: {e}"))?
+        let mut endpoint = Endpoint::from_shared(proto::tls::uri(addr, self.tls.is_some()))
+            .map_err(|e| format!("bad peer address {addr}: {e}"))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| format!("peer TLS for {addr}: {e}"))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))

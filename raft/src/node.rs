@@ -45,6 +45,8 @@ pub struct NodeConfig {
     /// required of every one received. None: peers are not authenticated
     /// (the peer port must then be reachable by trusted hosts only).
     pub peer_token: Option<String>,
+    /// TLS of the links this node dials to peers (None: plaintext).
+    pub peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// Why a node could not start.
@@ -188,7 +190,8 @@ impl RaftNode {
             enable_elect: false,
             ..(*config).clone()
         });
-        let channels = Channels::with_overrides(cfg.peer_overrides.clone());
+        let channels =
+            Channels::with_overrides(cfg.peer_overrides.clone()).with_tls(cfg.peer_tls.clone());
         let contact = Arc::new(Contact::new(cfg.node_id));
         let peer_token = PeerToken::new(cfg.peer_token.clone()).for_cluster(&cfg.cluster_id);
         let network = PeerNetwork::new(

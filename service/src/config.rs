@@ -120,6 +120,33 @@ pub struct ServeOptions {
     /// it peers are not authenticated [default: none]
     #[arg(long)]
     pub peer_token_file: Option<PathBuf>,
+    /// HOST:PORT for peer links only (Raft RPCs and calls forwarded to the
+    /// leader), apart from clients; --cluster and --advertise then name
+    /// this port [default: none, peers share --listen]
+    #[arg(long)]
+    pub peer_listen: Option<String>,
+    /// PEM certificate chain the client port presents (TLS on; needs
+    /// --tls-key) [default: none, plaintext]
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA: clients must present a certificate it signed (mutual TLS)
+    /// [default: none, any client]
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
+    /// PEM certificate chain of this node on peer links: presented by the
+    /// peer port and when dialing peers (needs --peer-listen, --peer-tls-key
+    /// and --peer-tls-ca) [default: none, plaintext]
+    #[arg(long)]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// PEM private key of --peer-tls-cert
+    #[arg(long)]
+    pub peer_tls_key: Option<PathBuf>,
+    /// PEM CA every peer's certificate must be signed by, both ways
+    #[arg(long)]
+    pub peer_tls_ca: Option<PathBuf>,
     /// Most client calls parked on this node at once (blocking gets,
     /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 100000]
     #[arg(long)]
@@ -229,8 +256,26 @@ pub struct ServeConfig {
     pub slow_request_ms: u64,
     /// The cluster's peer token, from --peer-token-file.
     pub peer_token: Option<String>,
+    /// Where peers connect, when not at `listen`.
+    pub peer_listen: Option<String>,
+    /// The client port's TLS (certificate, client CA), loaded.
+    pub client_tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The peer links' TLS, loaded: the peer port's and the dialing side's.
+    pub peer_tls: Option<PeerTls>,
     /// The tf.data dispatcher's settings.
     pub tfdata: TfDataConfig,
+}
+
+/// TLS of the peer links: what the peer port serves and how peers are
+/// dialed (both mutual, with one CA).
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    /// The peer port: this node's certificate; peers must present one the
+    /// peer CA signed.
+    pub server: tonic::transport::ServerTlsConfig,
+    /// Dialing peers: their certificate must be the peer CA's; this node
+    /// presents its own.
+    pub client: tonic::transport::ClientTlsConfig,
 }
 
 /// Reads a ClusterSpec (`{"job": ["host:port", ...]}`) or a TF_CONFIG
@@ -343,6 +388,13 @@ impl ServeOptions {
             log_format,
             slow_request_ms,
             peer_token_file,
+            peer_listen,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+            peer_tls_cert,
+            peer_tls_key,
+            peer_tls_ca,
             tfdata_version,
             tfdata_client_timeout_ms,
             tfdata_gc_timeout_ms,
@@ -356,10 +408,15 @@ impl ServeOptions {
         if node_id == 0 {
             return Err("--node-id must be > 0".into());
         }
+        let (client_tls, peer_tls) = self.tls()?;
         let listen = self
             .listen
             .unwrap_or_else(|| format!("127.0.0.1:{DEFAULT_PORT}"));
-        let advertise = self.advertise.unwrap_or_else(|| listen.clone());
+        let advertise = self
+            .advertise
+            .clone()
+            .or_else(|| self.peer_listen.clone())
+            .unwrap_or_else(|| listen.clone());
         let mut cluster = BTreeMap::new();
         match &self.cluster {
             Some(spec) => {
@@ -512,7 +569,51 @@ impl ServeOptions {
             metrics_listen: self.metrics_listen,
             log_format: self.log_format.as_deref().unwrap_or("text").parse()?,
             slow_request_ms: self.slow_request_ms.unwrap_or(1000),
+            peer_listen: self.peer_listen,
+            client_tls,
+            peer_tls,
         })
+    }
+
+    /// The TLS flags, checked and their files loaded.
+    fn tls(&self) -> Result<(Option<tonic::transport::ServerTlsConfig>, Option<PeerTls>), String> {
+        let client = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(proto::tls::server(
+                cert,
+                key,
+                self.tls_client_ca.as_deref(),
+            )?),
+            (None, None) if self.tls_client_ca.is_some() => {
+                return Err("--tls-client-ca needs --tls-cert and --tls-key".into())
+            }
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        };
+        let peer = match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => {
+                if self.peer_listen.is_none() {
+                    return Err(
+                        "--peer-tls-* needs --peer-listen: peer links get a port of their own"
+                            .into(),
+                    );
+                }
+                Some(PeerTls {
+                    server: proto::tls::server(cert, key, Some(ca))?,
+                    client: proto::tls::client(ca, Some((cert, key)))?,
+                })
+            }
+            _ => {
+                return Err("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together".into())
+            }
+        };
+        if client.is_some() && self.peer_listen.is_none() {
+            return Err(
+                "with --tls-cert, peer links need a port of their own: give --peer-listen (and --peer-tls-* to secure it)"
+                    .into(),
+            );
+        }
+        Ok((client, peer))
     }
 }
 

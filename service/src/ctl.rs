@@ -184,8 +184,15 @@ pub enum KvCommand {
     Delete { key: String },
 }
 
-async fn connect(endpoint: &str) -> anyhow::Result<NodeClient<Channel>> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))?
+async fn connect(
+    endpoint: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> anyhow::Result<NodeClient<Channel>> {
+    let mut ep = tonic::transport::Endpoint::from_shared(proto::tls::uri(endpoint, tls.is_some()))?;
+    if let Some(tls) = tls {
+        ep = ep.tls_config(tls)?;
+    }
+    let ch = ep
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach {endpoint}: {e}"))?;
@@ -228,12 +235,17 @@ fn backup_header(file: &std::path::Path) -> anyhow::Result<storage::backup::Head
 }
 
 /// Runs one command against `endpoint`; returns what to print.
-pub async fn run(endpoint: &str, cmd: CtlCommand) -> anyhow::Result<String> {
+/// `tls`: dial over TLS (None: plaintext).
+pub async fn run(
+    endpoint: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+    cmd: CtlCommand,
+) -> anyhow::Result<String> {
     // Needs no node.
     if let CtlCommand::Snapshot(SnapshotCommand::Status { file }) = &cmd {
         return Ok(serde_json::to_string_pretty(&backup_header(file)?)?);
     }
-    let mut c = connect(endpoint).await?;
+    let mut c = connect(endpoint, tls).await?;
     let out: Value = match cmd {
         CtlCommand::Status => {
             let s = c.status(StatusRequest {}).await?.into_inner();

@@ -51,6 +51,8 @@ enum Cmd {
         /// Every node: HOST:PORT,HOST:PORT,...
         #[arg(long, value_delimiter = ',', required = true)]
         endpoints: Vec<String>,
+        #[command(flatten)]
+        tls: TlsDial,
     },
     /// Seed a new cluster's data dir from a backup (`ctl snapshot save`):
     /// run it for every member with the same FILE, --cluster and
@@ -76,9 +78,35 @@ enum Cmd {
         /// A node's HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:7470")]
         endpoint: String,
+        #[command(flatten)]
+        tls: TlsDial,
         #[command(subcommand)]
         command: CtlCommand,
     },
+}
+
+/// How to dial nodes whose client port has TLS on.
+#[derive(clap::Args)]
+struct TlsDial {
+    /// PEM CA that signed the nodes' certificates: dial them over TLS
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
+    /// PEM certificate to present (nodes started with --tls-client-ca)
+    #[arg(long, requires = "tls_key", requires = "tls_ca")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+}
+
+impl TlsDial {
+    fn load(&self) -> Result<Option<tonic::transport::ClientTlsConfig>, String> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let pair = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        proto::tls::client(ca, pair).map(Some)
+    }
 }
 
 fn main() -> ExitCode {
@@ -113,8 +141,19 @@ fn main() -> ExitCode {
     };
     match command {
         Cmd::Serve(_) => rt.block_on(serve(serve_cfg.expect("resolved above"))),
-        Cmd::Relay { listen, endpoints } => {
-            let cfg = agent::relay::RelayConfig::new(endpoints);
+        Cmd::Relay {
+            listen,
+            endpoints,
+            tls,
+        } => {
+            let mut cfg = agent::relay::RelayConfig::new(endpoints);
+            cfg.tls = match tls.load() {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("coordstore relay: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             match rt.block_on(agent::relay::serve(listen, cfg, wait_for_signal())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -139,8 +178,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Cmd::Ctl { endpoint, command } => {
-            match rt.block_on(service::ctl::run(&endpoint, command)) {
+        Cmd::Ctl {
+            endpoint,
+            tls,
+            command,
+        } => {
+            let tls = match tls.load() {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("coordstore ctl: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match rt.block_on(service::ctl::run(&endpoint, tls, command)) {
                 Ok(out) => {
                     println!("{out}");
                     ExitCode::SUCCESS

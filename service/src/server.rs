@@ -1,5 +1,7 @@
 //! Starting a node: bind, open storage, start Raft, serve every gRPC service
-//! on one port, bootstrap the static cluster, and run the leader runtime.
+//! on one port (peer links on a second one with --peer-listen, each port
+//! with its own TLS), bootstrap the static cluster, and run the leader
+//! runtime.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +52,9 @@ pub enum ServeError {
     /// Storage or Raft refused to start.
     #[error(transparent)]
     Start(#[from] raft::StartError),
+    /// A TLS configuration tonic refused.
+    #[error("TLS: {0}")]
+    Tls(tonic::transport::Error),
 }
 
 /// Starts a node with `cfg`.
@@ -64,6 +69,19 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         addr: cfg.listen.clone(),
         source,
     })?;
+    let peer_listener = match &cfg.peer_listen {
+        Some(a) => {
+            Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|source| ServeError::Bind {
+                        addr: a.clone(),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
     let node = RaftNode::start(NodeConfig {
         node_id: cfg.node_id,
         address: cfg.advertise.clone(),
@@ -73,6 +91,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         settings: cfg.raft.clone(),
         peer_overrides: cfg.peer_overrides.clone(),
         peer_token: cfg.peer_token.clone(),
+        peer_tls: cfg.peer_tls.as_ref().map(|t| t.client.clone()),
     })
     .await?;
     crate::logs::set_node(node.clone());
@@ -120,12 +139,40 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     let coord = Coordination::new(router.clone(), Duration::from_millis(cfg.leader_wait_ms));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    let grpc = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_interval(Some(Duration::from_secs(30)));
+    if let Some(tls) = &cfg.client_tls {
+        builder = builder.tls_config(tls.clone()).map_err(ServeError::Tls)?;
+    }
+    // Peer links on their own port, with their own TLS, when asked for.
+    let peer_server = match peer_listener {
+        None => None,
+        Some(l) => {
+            let mut builder = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .http2_keepalive_interval(Some(Duration::from_secs(30)));
+            if let Some(tls) = &cfg.peer_tls {
+                builder = builder
+                    .tls_config(tls.server.clone())
+                    .map_err(ServeError::Tls)?;
+            }
+            let peers = builder
+                .layer(GrpcMetricsLayer(metrics.clone()))
+                .add_service(node.peer_service())
+                .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes));
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            Some(tokio::spawn(async move {
+                if let Err(e) = peers.serve_with_incoming(incoming).await {
+                    tracing::error!("peer port: {e}");
+                }
+            }))
+        }
+    };
+    let grpc = builder
         .layer(GrpcMetricsLayer(metrics.clone()))
         .add_service(health)
-        .add_service(node.peer_service())
+        .add_optional_service(peer_server.is_none().then(|| node.peer_service()))
         .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes))
         .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
         .add_service(TfService::server(coord.clone(), cfg.max_message_bytes))
@@ -149,6 +196,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         tokio::spawn(crate::wake::run_key_wakeups(waits)),
         tokio::spawn(ops::report_health(router.clone(), health_reporter)),
     ];
+    tasks.extend(peer_server);
     if let Some(l) = metrics_listener {
         let (router, metrics) = (router.clone(), metrics.clone());
         tasks.push(tokio::spawn(async move {

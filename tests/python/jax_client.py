@@ -114,6 +114,9 @@ def make_client(args):
     )
     if args.rpc_timeout is not None:
         kwargs["rpc_timeout"] = args.rpc_timeout
+    if args.mtls_ca:
+        kwargs.update(mtls_cert_file=args.mtls_cert, mtls_key_file=args.mtls_key,
+                      mtls_ca_file=args.mtls_ca, verify_secure_credentials=True)
     return _jax.get_distributed_runtime_client(args.address, args.node_id, **kwargs)
 
 
@@ -892,6 +895,9 @@ def main(argv=None) -> int:
         sp.add_argument("--shutdown-timeout", type=int, default=30, help="client shutdown timeout, s")
         sp.add_argument("--rpc-timeout", type=int, default=None, help="client rpc_timeout, s (unset)")
         sp.add_argument("--no-compression", action="store_true", help="use_compression=False")
+        sp.add_argument("--mtls-cert", help="PEM certificate (jaxlib's mtls_cert_file)")
+        sp.add_argument("--mtls-key", help="PEM key (mtls_key_file)")
+        sp.add_argument("--mtls-ca", help="PEM CA of the service (mtls_ca_file); turns mutual TLS on")
         sp.add_argument("--deadline", type=float, default=deadline,
                         help="hard bound on the whole process, s")
 

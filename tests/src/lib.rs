@@ -5,6 +5,7 @@
 //! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
 
 pub mod lazyfs;
+pub mod pki;
 pub mod proxy;
 pub mod workload;
 
@@ -73,6 +74,16 @@ pub struct NodeProc {
 impl NodeProc {
     /// Starts `coordstore relay --listen ADDR --endpoints ...` (log in `dir`).
     pub fn relay(addr: &str, endpoints: &[String], dir: &std::path::Path) -> NodeProc {
+        Self::relay_with(addr, endpoints, &[], dir)
+    }
+
+    /// [`NodeProc::relay`] with `extra` flags.
+    pub fn relay_with(
+        addr: &str,
+        endpoints: &[String],
+        extra: &[String],
+        dir: &std::path::Path,
+    ) -> NodeProc {
         let mut p = NodeProc {
             id: 0,
             addr: addr.to_string(),
@@ -83,7 +94,10 @@ impl NodeProc {
                 addr.to_string(),
                 "--endpoints".into(),
                 endpoints.join(","),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().cloned())
+            .collect(),
             log: dir.join(format!("relay-{}.log", addr.replace(':', "_"))),
             child: None,
         };

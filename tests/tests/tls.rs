@@ -1,0 +1,466 @@
+//! TLS with real processes and certificates (rcgen): a 3-node cluster with
+//! mutual TLS on the client port and on a separate peer port, served through
+//! a leader kill, with every wrong certificate refused (clients without
+//! one, clients and peers of another CA, a node restarted with a foreign
+//! peer certificate); stock jaxlib 0.12 dialing with its own mTLS options,
+//! and through the relay as the TLS end on the client's host.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent::{Agent, AgentConfig};
+use coordstore_tests::jax::PyProc;
+use coordstore_tests::pki::{Ca, Leaf};
+use coordstore_tests::{coordstore_bin, free_port, Cluster, NodeProc};
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::raft_peer_client::RaftPeerClient;
+use proto::coordstore::{RaftPayload, StatusRequest, StatusResponse};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A channel to `addr` over TLS with `tls`, or why the handshake or call
+/// setup failed.
+async fn dial(addr: &str, tls: ClientTlsConfig) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// The status of the node at `addr` over `tls` (None: plaintext).
+async fn status(addr: &str, tls: Option<ClientTlsConfig>) -> Result<StatusResponse, String> {
+    let ch = match tls {
+        Some(tls) => dial(addr, tls).await?,
+        None => Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    NodeClient::new(ch)
+        .status(StatusRequest {})
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// Waits until the nodes `among` (client addresses) agree on a leader among
+/// them; returns its index.
+async fn wait_leader(addrs: &[String], among: &[usize], tls: &ClientTlsConfig) -> usize {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut leaders = Vec::new();
+        for &i in among {
+            leaders.push(
+                status(&addrs[i], Some(tls.clone()))
+                    .await
+                    .map(|s| s.leader_id),
+            );
+        }
+        if let Ok(first) = &leaders[0] {
+            let idx = among.iter().position(|&i| i as u64 + 1 == *first);
+            if idx.is_some() && leaders.iter().all(|l| l.as_ref() == Ok(first)) {
+                return *first as usize - 1;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader among {among:?}: {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Pki {
+    _dir: tempfile::TempDir,
+    servers: Ca,
+    clients: Ca,
+    peers: Ca,
+    node: Leaf,
+    client: Leaf,
+    peer: Leaf,
+    rogue_client: Leaf,
+    rogue_peer: Leaf,
+    rogue: Ca,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = Ca::new(dir.path(), "servers");
+        let clients = Ca::new(dir.path(), "clients");
+        let peers = Ca::new(dir.path(), "peers");
+        let rogue = Ca::new(dir.path(), "rogue");
+        let hosts = ["127.0.0.1", "localhost"];
+        Pki {
+            node: servers.issue("node", &hosts),
+            client: clients.issue("client", &[]),
+            peer: peers.issue("peer", &hosts),
+            rogue_client: rogue.issue("client", &[]),
+            rogue_peer: rogue.issue("peer", &hosts),
+            servers,
+            clients,
+            peers,
+            rogue,
+            _dir: dir,
+        }
+    }
+
+    /// What a good client dials with.
+    fn client_tls(&self) -> ClientTlsConfig {
+        proto::tls::client(
+            &self.servers.cert,
+            Some((&self.client.cert, &self.client.key)),
+        )
+        .unwrap()
+    }
+
+    /// Every node's TLS flags.
+    fn node_flags(&self) -> Vec<String> {
+        [
+            ("--tls-cert", &self.node.cert),
+            ("--tls-key", &self.node.key),
+            ("--tls-client-ca", &self.clients.cert),
+            ("--peer-tls-cert", &self.peer.cert),
+            ("--peer-tls-key", &self.peer.key),
+            ("--peer-tls-ca", &self.peers.cert),
+        ]
+        .iter()
+        .flat_map(|(f, p)| [f.to_string(), s(p)])
+        .collect()
+    }
+}
+
+/// Starts `n` TLS nodes, each with a peer port; returns the cluster and the
+/// peer addresses.
+fn tls_cluster(pki: &Pki, n: usize, extra: &[&str]) -> (Cluster, Vec<String>) {
+    let addrs: Vec<String> = (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers: Vec<String> = (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let members = peers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let flags = pki.node_flags();
+    let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+    all.extend(extra);
+    let peer_addrs = peers.clone();
+    let cluster = Cluster::start_at(&addrs, &all, move |i| {
+        vec![
+            "--peer-listen".into(),
+            peer_addrs[i].clone(),
+            "--cluster".into(),
+            members.clone(),
+        ]
+    });
+    (cluster, peers)
+}
+
+fn agent(addrs: &[String], tls: ClientTlsConfig) -> Agent {
+    let mut cfg = AgentConfig::new(addrs.to_vec(), "jax_worker", 0);
+    cfg.tls = Some(tls);
+    Agent::new(cfg, Arc::new(|_| {})).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_with_tls_everywhere_refuses_every_wrong_certificate_and_fails_over() {
+    let pki = Pki::new();
+    let (mut cluster, peers) = tls_cluster(&pki, 3, &[]);
+    let addrs = cluster.addrs();
+    let good = pki.client_tls();
+    let leader = wait_leader(&addrs, &[0, 1, 2], &good).await;
+
+    // The Rust agent dials TLS and presents its certificate.
+    let a = agent(&addrs, good.clone());
+    a.connect().await.expect("agent connect over TLS");
+    a.insert_key_value("a", "1").await.unwrap();
+    assert_eq!(&a.get_key_value("a").await.unwrap()[..], b"1");
+
+    // So does ctl.
+    let out = tokio::process::Command::new(coordstore_bin())
+        .args(["ctl", "--endpoint", &addrs[(leader + 1) % 3]])
+        .args(["--tls-ca", &s(&pki.servers.cert)])
+        .args(["--tls-cert", &s(&pki.client.cert)])
+        .args(["--tls-key", &s(&pki.client.key), "status"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["leader_id"].as_u64(), Some(leader as u64 + 1));
+
+    // The client port: plaintext, no certificate, a certificate of another
+    // CA, and a server the client does not trust are all refused.
+    let addr = &addrs[0];
+    let plain = status(addr, None).await;
+    assert!(plain.is_err(), "plaintext got through: {plain:?}");
+    let anonymous = proto::tls::client(&pki.servers.cert, None).unwrap();
+    let r = status(addr, Some(anonymous)).await;
+    assert!(
+        r.is_err(),
+        "a client without a certificate got through: {r:?}"
+    );
+    let foreign = proto::tls::client(
+        &pki.servers.cert,
+        Some((&pki.rogue_client.cert, &pki.rogue_client.key)),
+    )
+    .unwrap();
+    let r = status(addr, Some(foreign)).await;
+    assert!(r.is_err(), "a client of another CA got through: {r:?}");
+    let distrust =
+        proto::tls::client(&pki.rogue.cert, Some((&pki.client.cert, &pki.client.key))).unwrap();
+    let r = status(addr, Some(distrust)).await;
+    assert!(r.is_err(), "a server of another CA was trusted: {r:?}");
+    assert!(status(addr, Some(good.clone())).await.is_ok());
+
+    // The peer port: only certificates of the peer CA get to the service
+    // (an empty vote then fails to decode: INVALID_ARGUMENT, not transport).
+    let peer_call = |cert: &Leaf| {
+        let tls = proto::tls::client(&pki.peers.cert, Some((&cert.cert, &cert.key))).unwrap();
+        let addr = peers[0].clone();
+        async move {
+            let ch = dial(&addr, tls).await?;
+            RaftPeerClient::new(ch)
+                .vote(RaftPayload::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("{e:?}"))
+        }
+    };
+    let r = peer_call(&pki.rogue_peer).await;
+    assert!(
+        r.is_err() && !r.as_ref().unwrap_err().contains("InvalidArgument"),
+        "{r:?}"
+    );
+    let r = peer_call(&pki.client).await;
+    assert!(
+        r.is_err() && !r.as_ref().unwrap_err().contains("InvalidArgument"),
+        "{r:?}"
+    );
+    let r = peer_call(&pki.peer).await;
+    assert!(r.unwrap_err().contains("InvalidArgument"));
+
+    // The leader dies; the agent's next write lands on the new one.
+    cluster.kill(leader);
+    let rest: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let new_leader = wait_leader(&addrs, &rest, &good).await;
+    a.insert_key_value("b", "2").await.unwrap();
+    assert_eq!(&a.get_key_value("a").await.unwrap()[..], b"1");
+    assert_eq!(&a.get_key_value("b").await.unwrap()[..], b"2");
+    let before = status(&addrs[new_leader], Some(good.clone()))
+        .await
+        .unwrap();
+
+    // The old leader comes back with a peer certificate of another CA: it
+    // can neither hear the leader nor win a vote. It campaigns in vain (its
+    // term climbs) while the cluster's term stays where it was, and it
+    // never gets "b".
+    cluster.nodes[leader].set_arg("--peer-tls-cert", &s(&pki.rogue_peer.cert));
+    cluster.nodes[leader].set_arg("--peer-tls-key", &s(&pki.rogue_peer.key));
+    cluster.nodes[leader].set_arg("--peer-tls-ca", &s(&pki.rogue.cert));
+    cluster.restart(leader);
+    let deadline = Instant::now() + WAIT;
+    let rogue = loop {
+        if let Ok(st) = status(&addrs[leader], Some(good.clone())).await {
+            if st.term >= before.term + 3 {
+                break st;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted node never campaigned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let after = status(&addrs[new_leader], Some(good.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.term, before.term,
+        "a foreign peer's vote request got through"
+    );
+    assert_eq!(after.leader_id, before.leader_id);
+    assert!(rogue.last_applied < before.last_applied);
+
+    // With the right certificate again it rejoins and catches up.
+    cluster.nodes[leader].set_arg("--peer-tls-cert", &s(&pki.peer.cert));
+    cluster.nodes[leader].set_arg("--peer-tls-key", &s(&pki.peer.key));
+    cluster.nodes[leader].set_arg("--peer-tls-ca", &s(&pki.peers.cert));
+    cluster.restart(leader);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let st = status(&addrs[leader], Some(good.clone())).await;
+        if st
+            .as_ref()
+            .is_ok_and(|st| st.last_applied >= before.last_applied && st.leader_id != 0)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node did not catch up: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn tls_flags_that_do_not_fit_together_are_refused_at_start() {
+    let pki = Pki::new();
+    let node = [s(&pki.node.cert), s(&pki.node.key)];
+    for (args, want) in [
+        (
+            vec!["--tls-cert", &node[0]],
+            "--tls-cert and --tls-key go together",
+        ),
+        (
+            vec!["--tls-cert", &node[0], "--tls-key", &node[1]],
+            "peer links need a port of their own",
+        ),
+        (
+            vec!["--tls-client-ca", &node[0]],
+            "--tls-client-ca needs --tls-cert",
+        ),
+        (
+            vec!["--peer-tls-cert", &node[0], "--peer-tls-key", &node[1]],
+            "go together",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                "/nonexistent.pem",
+                "--tls-key",
+                &node[1],
+                "--peer-listen",
+                "127.0.0.1:1",
+            ],
+            "/nonexistent.pem",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                &node[1],
+                "--tls-key",
+                &node[1],
+                "--peer-listen",
+                "127.0.0.1:1",
+                "--tls-client-ca",
+                "/etc/hostname",
+            ],
+            "not a PEM file",
+        ),
+    ] {
+        let out = std::process::Command::new(coordstore_bin())
+            .arg("serve")
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn stock_jaxlib_dials_mutual_tls_and_through_the_relay() {
+    let pki = Pki::new();
+    let (cluster, _) = tls_cluster(&pki, 1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(wait_leader(
+        std::slice::from_ref(&addr),
+        &[0],
+        &pki.client_tls(),
+    ));
+    let ops = |addr: &str, extra: &[String]| {
+        let mut args: Vec<String> = [
+            "ops",
+            "--address",
+            addr,
+            "--node-id",
+            "0",
+            "--num-tasks",
+            "1",
+            "--deadline",
+            "150",
+            "--init-timeout",
+            "20",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().cloned());
+        PyProc::spawn("jax_client.py", &args, cluster.dir.path())
+    };
+    // jaxlib's own mTLS options (verify_secure_credentials on).
+    let mtls = vec![
+        "--mtls-ca".to_string(),
+        s(&pki.servers.cert),
+        "--mtls-cert".into(),
+        s(&pki.client.cert),
+        "--mtls-key".into(),
+        s(&pki.client.key),
+    ];
+    let mut p = ops(&addr, &mtls);
+    let status = p.wait_exit(Duration::from_secs(180));
+    assert!(
+        status.success() && p.failed_checks().is_empty(),
+        "{status}: {:?}\n{}\n{}",
+        p.failed_checks(),
+        p.report(),
+        cluster.logs()
+    );
+    assert!(p
+        .lines()
+        .iter()
+        .any(|l| l.contains("\"check\": \"summary\", \"ok\": true")));
+
+    // Plaintext jaxlib against the TLS port gets nowhere.
+    let mut plain = ops(&addr, &["--init-timeout".into(), "5".into()]);
+    assert!(!plain.wait_exit(Duration::from_secs(120)).success());
+
+    // The relay on the client's host as the TLS end: jaxlib dials it in
+    // plaintext on loopback, the relay dials the node with a certificate.
+    let relay_addr = format!("127.0.0.1:{}", free_port());
+    let _relay = NodeProc::relay_with(
+        &relay_addr,
+        std::slice::from_ref(&addr),
+        &[
+            "--tls-ca".into(),
+            s(&pki.servers.cert),
+            "--tls-cert".into(),
+            s(&pki.client.cert),
+            "--tls-key".into(),
+            s(&pki.client.key),
+        ],
+        cluster.dir.path(),
+    );
+    let mut p = ops(&relay_addr, &["--namespace".into(), "via-relay".into()]);
+    let status = p.wait_exit(Duration::from_secs(180));
+    assert!(
+        status.success() && p.failed_checks().is_empty(),
+        "{status}: {:?}\n{}\n{}",
+        p.failed_checks(),
+        p.report(),
+        cluster.logs()
+    );
+}
