@@ -114,6 +114,7 @@ async fn run(
         }
         let (updates, replies): (Vec<Update>, Vec<_>) =
             batch.into_iter().map(|p| (p.update, p.reply)).unzip();
+        crate::metrics::BATCH_UPDATES.observe(updates.len() as f64);
         let proposal = Proposal::new(UpdateBatch { updates });
         let (responder, done) = ProgressResponder::complete_only();
         match raft.client_write_ff(proposal, Some(responder)).await {

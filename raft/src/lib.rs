@@ -15,6 +15,7 @@
 mod batcher;
 mod config;
 mod contact;
+pub mod metrics;
 mod network;
 mod node;
 mod reads;

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::coordination::request_origin;
 use crate::leader::now_ms;
 use crate::router::Router;
+use crate::wake::WaitKind;
 
 /// Longest a get, join or fetch waits in one call.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -78,12 +79,16 @@ impl ClosureApi {
     /// `wait` passes (`None`: no limit).
     async fn wait<T>(
         &self,
+        kind: WaitKind,
         index: u64,
         wait: Option<Duration>,
         check: impl FnMut(&State) -> Option<T>,
     ) -> Result<Option<T>, Status> {
         let deadline = wait.map(|w| Instant::now() + w);
-        self.router.waits().wait_until(index, deadline, check).await
+        self.router
+            .waits()
+            .wait_until(kind, index, deadline, check)
+            .await
     }
 
     /// A linearizable point on this node: its applied index after a read
@@ -119,8 +124,13 @@ impl ClosureApi {
             Some(r) => Some(r),
             None if timeout_ms == 0 => None,
             None => {
-                self.wait(index, Some(capped(timeout_ms)), &mut all_settled)
-                    .await?
+                self.wait(
+                    WaitKind::ClosureFetch,
+                    index,
+                    Some(capped(timeout_ms)),
+                    &mut all_settled,
+                )
+                .await?
             }
         };
         if let Some(Err(e)) = ready {
@@ -290,7 +300,7 @@ impl ClosureQueue for ClosureApi {
             // closure is admitted (or cancelled by the first error). They
             // are admitted in order: the last one decides.
             let last = id + n - 1;
-            self.wait(applied.log_index, None, |s| {
+            self.wait(WaitKind::ClosurePut, applied.log_index, None, |s| {
                 let c = s.closures().closure(last);
                 c.is_none_or(|c| c.state() != ClosureState::Pending)
                     .then_some(())
@@ -349,8 +359,11 @@ impl ClosureQueue for ClosureApi {
         let call_id = applied.outcome.call_id;
         let queue = r.queue;
         let answer = self
-            .wait(applied.log_index, Some(wait), |s| {
-                match s.closures().get_answer(&queue, call_id) {
+            .wait(
+                WaitKind::ClosureGet,
+                applied.log_index,
+                Some(wait),
+                |s| match s.closures().get_answer(&queue, call_id) {
                     GetAnswer::Waiting => None,
                     GetAnswer::Gone => Some(None),
                     GetAnswer::Assigned(c) => Some(Some(cmd::Assigned {
@@ -360,8 +373,8 @@ impl ClosureQueue for ClosureApi {
                         tag: c.tag.clone(),
                         lease_expires_ms: c.lease_expires_ms,
                     })),
-                }
-            })
+                },
+            )
             .await?
             .flatten();
         // A closure handed to this call after it gave up goes back to the
@@ -462,9 +475,12 @@ impl ClosureQueue for ClosureApi {
         }
         // Busy: wait until a step would answer; the caller steps again.
         let queue = r.queue;
-        self.wait(applied.log_index, Some(capped(r.timeout_ms)), |s| {
-            s.closures().join_ready(&queue).then_some(())
-        })
+        self.wait(
+            WaitKind::ClosureFetch,
+            applied.log_index,
+            Some(capped(r.timeout_ms)),
+            |s| s.closures().join_ready(&queue).then_some(()),
+        )
         .await?;
         Ok(Response::new(JoinQueueResponse {
             idle: false,

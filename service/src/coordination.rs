@@ -28,6 +28,7 @@ use tonic::Status;
 
 use crate::leader::now_ms;
 use crate::router::Router;
+use crate::wake::WaitKind;
 
 /// How long a heartbeat looks for the leader before the node considers
 /// answering it itself.
@@ -243,6 +244,7 @@ impl Coordination {
 
     async fn wait<T>(
         &self,
+        kind: WaitKind,
         applied: &Applied,
         check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> CallResult<T> {
@@ -250,7 +252,7 @@ impl Coordination {
         flatten(
             self.router
                 .waits()
-                .wait_for(applied.log_index, epoch, check)
+                .wait_for(kind, applied.log_index, epoch, check)
                 .await,
         )
     }
@@ -258,12 +260,18 @@ impl Coordination {
     /// Waits, after a linearizable read, until `check` answers.
     async fn wait_read<T>(
         &self,
+        kind: WaitKind,
         check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> CallResult<T> {
         self.router.linearizable().await?;
         let index = self.router.waits().applied_index();
         let epoch = self.read(|s| s.epoch());
-        flatten(self.router.waits().wait_for(index, epoch, check).await)
+        flatten(
+            self.router
+                .waits()
+                .wait_for(kind, index, epoch, check)
+                .await,
+        )
     }
 
     /// RegisterTask: answers the service incarnation once the task is
@@ -283,7 +291,7 @@ impl Coordination {
             }))
             .await?;
         let inc = if out.parked {
-            self.wait(&applied, |s| {
+            self.wait(WaitKind::Register, &applied, |s| {
                 s.coordination().registration_result(task, incarnation)
             })
             .await?
@@ -344,8 +352,10 @@ impl Coordination {
             .await?;
         if out.parked {
             let call = out.call_id;
-            self.wait(&applied, |s| s.coordination().shutdown_result(call))
-                .await?;
+            self.wait(WaitKind::Shutdown, &applied, |s| {
+                s.coordination().shutdown_result(call)
+            })
+            .await?;
         }
         Ok(())
     }
@@ -377,7 +387,7 @@ impl Coordination {
         };
         let call = out.call_id;
         match self
-            .wait(&applied, |s| {
+            .wait(WaitKind::PollForError, &applied, |s| {
                 s.coordination().poll_result(task, call).map(Err::<(), _>)
             })
             .await
@@ -390,7 +400,7 @@ impl Coordination {
     /// WatchTasks: every task at a version other than `version`, waiting for
     /// the next change when `version` is the current one.
     pub async fn watch_tasks(&self, version: i64) -> CallResult<(Vec<TaskView>, i64)> {
-        self.wait_read(|s| {
+        self.wait_read(WaitKind::WatchTasks, |s| {
             s.coordination().watch_tasks_ready(version).then(|| {
                 let views = (0..s.task_count())
                     .map(|i| TaskView {
@@ -502,7 +512,7 @@ impl Coordination {
         }
         // The waiter parks on the instance the call joined or opened.
         let call = out.call_id;
-        self.wait(&applied, |s| {
+        self.wait(WaitKind::Barrier, &applied, |s| {
             s.coordination().barrier_result(&id, instance, call)
         })
         .await
@@ -524,7 +534,7 @@ impl Coordination {
             }))
             .await?;
         let generation = reply(out.alive_generation(), "GetAliveTasks")?;
-        self.wait(&applied, |s| {
+        self.wait(WaitKind::AliveTasks, &applied, |s| {
             s.coordination().alive_result(&tasks, generation)
         })
         .await
@@ -543,7 +553,7 @@ impl Coordination {
         // waits, the barrier's end): on a follower the call's own entry may
         // not be applied yet when the leader answers it.
         let call = out.call_id;
-        self.wait(&applied, |s| {
+        self.wait(WaitKind::WaitForAllTasks, &applied, |s| {
             s.coordination()
                 .wait_for_all_result(call)
                 .map(|r| r.map(|()| s.coordination().cluster_device_info()))

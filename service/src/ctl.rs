@@ -262,6 +262,7 @@ pub async fn run(
                 "snapshot_index": s.snapshot_index,
                 "purged_index": s.purged_index,
                 "parked_calls": s.parked_calls,
+                "parked_by_kind": s.parked_by_kind,
                 "state_digest": s.state_digest,
             })
         }

@@ -90,6 +90,13 @@ pub fn status(router: &Router) -> StatusResponse {
         purged_index: m.purged.map_or(0, |l| l.index),
         parked_calls: router.waits().parked_calls(),
         cluster_id: node.cluster_id().to_string(),
+        parked_by_kind: router
+            .waits()
+            .parked_by_kind()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| (k.as_str().to_string(), n))
+            .collect(),
     }
 }
 

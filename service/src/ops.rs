@@ -54,7 +54,7 @@ pub struct Metrics {
     snapshot_index: IntGauge,
     tasks: IntGaugeVec,
     barriers_pending: IntGauge,
-    parked_calls: IntGauge,
+    parked_calls: IntGaugeVec,
     kv_keys: IntGauge,
     kv_bytes: IntGauge,
     sessions: IntGauge,
@@ -151,9 +151,16 @@ impl Metrics {
                 .expect("valid gauge"),
             ),
             barriers_pending: gauge("barriers_pending", "Barriers waiting for tasks"),
-            parked_calls: gauge(
-                "parked_calls",
-                "Client calls waiting on this node (blocking gets, barriers, polls)",
+            parked_calls: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "parked_calls",
+                        "Client calls waiting on this node, by what they wait for",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid gauge"),
             ),
             kv_keys: gauge("kv_keys", "Keys in the KV store"),
             kv_bytes: gauge("kv_bytes", "Bytes of keys and values in the KV store"),
@@ -181,7 +188,10 @@ impl Metrics {
             ),
             registry,
         };
-        for c in storage::metrics::collectors() {
+        for c in storage::metrics::collectors()
+            .into_iter()
+            .chain(raft::metrics::collectors())
+        {
             m.registry.register(c).expect("unique metric names");
         }
         m
@@ -220,7 +230,11 @@ impl Metrics {
             .set(m.last_applied.map_or(0, |l| l.index) as i64);
         self.snapshot_index
             .set(m.snapshot.map_or(0, |l| l.index) as i64);
-        self.parked_calls.set(router.waits().parked_calls() as i64);
+        for (kind, n) in router.waits().parked_by_kind() {
+            self.parked_calls
+                .with_label_values(&[kind.as_str()])
+                .set(n as i64);
+        }
         node.state().read(|s| {
             let c = s.coordination();
             let mut by_state = [0i64; 3];

@@ -23,11 +23,80 @@ use raft::RaftNode;
 /// Default bound on the client calls parked on one node.
 pub const DEFAULT_MAX_PARKED_CALLS: u64 = 100_000;
 
+/// What a parked call waits for (the `kind` of the parked-calls metric).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitKind {
+    /// A task's registration (the registration barrier).
+    Register,
+    /// WaitForAllTasks: every task connected.
+    WaitForAllTasks,
+    /// GetAliveTasks: the tasks' rendezvous.
+    AliveTasks,
+    /// A barrier.
+    Barrier,
+    /// The shutdown barrier.
+    Shutdown,
+    /// PollForError.
+    PollForError,
+    /// WatchJobState (a task-state change).
+    WatchTasks,
+    /// A blocking KV get.
+    KvGet,
+    /// A closure put waiting for queue space.
+    ClosurePut,
+    /// A worker's closure get.
+    ClosureGet,
+    /// A closure result fetch or a join.
+    ClosureFetch,
+}
+
+impl WaitKind {
+    /// Every kind, in label order.
+    pub const ALL: [WaitKind; 11] = [
+        WaitKind::Register,
+        WaitKind::WaitForAllTasks,
+        WaitKind::AliveTasks,
+        WaitKind::Barrier,
+        WaitKind::Shutdown,
+        WaitKind::PollForError,
+        WaitKind::WatchTasks,
+        WaitKind::KvGet,
+        WaitKind::ClosurePut,
+        WaitKind::ClosureGet,
+        WaitKind::ClosureFetch,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitKind::Register => "register",
+            WaitKind::WaitForAllTasks => "wait_for_all_tasks",
+            WaitKind::AliveTasks => "alive_tasks",
+            WaitKind::Barrier => "barrier",
+            WaitKind::Shutdown => "shutdown",
+            WaitKind::PollForError => "poll_for_error",
+            WaitKind::WatchTasks => "watch_tasks",
+            WaitKind::KvGet => "kv_get",
+            WaitKind::ClosurePut => "closure_put",
+            WaitKind::ClosureGet => "closure_get",
+            WaitKind::ClosureFetch => "closure_fetch",
+        }
+    }
+
+    fn index(self) -> usize {
+        WaitKind::ALL
+            .iter()
+            .position(|k| *k == self)
+            .unwrap_or_default()
+    }
+}
+
 /// The calls parked on this node's applied state: how they wait, and how
-/// many there are.
+/// many there are (in all and by kind).
 pub struct Waits {
     node: Arc<RaftNode>,
     parked: AtomicU64,
+    by_kind: [AtomicU64; WaitKind::ALL.len()],
     max_parked: u64,
     key_waiters: KeyWaiters,
 }
@@ -38,6 +107,7 @@ impl Waits {
         Waits {
             node,
             parked: AtomicU64::new(0),
+            by_kind: Default::default(),
             max_parked: DEFAULT_MAX_PARKED_CALLS,
             key_waiters: KeyWaiters::default(),
         }
@@ -74,12 +144,13 @@ impl Waits {
     /// The wait belongs to job `epoch`; a job-epoch reset ends it with ABORTED.
     pub async fn wait_for<T>(
         &self,
+        kind: WaitKind,
         log_index: u64,
         epoch: u64,
         mut check: impl FnMut(&State) -> Option<Result<T, DomainError>>,
     ) -> Result<Result<T, DomainError>, Status> {
         let answer = self
-            .wait_until(log_index, None, |s| {
+            .wait_until(kind, log_index, None, |s| {
                 if s.epoch() != epoch {
                     Some(Err(journal::errors::epoch_reset()))
                 } else {
@@ -94,6 +165,7 @@ impl Waits {
     /// or `deadline` passes (`None`).
     pub async fn wait_until<T>(
         &self,
+        kind: WaitKind,
         log_index: u64,
         deadline: Option<tokio::time::Instant>,
         mut check: impl FnMut(&State) -> Option<T>,
@@ -117,7 +189,7 @@ impl Waits {
             // Counted from the first time the answer is not there yet until
             // the call ends (answered, or dropped with its client).
             if parked.is_none() {
-                parked = Some(Parked::new(&self.parked, self.max_parked)?);
+                parked = Some(self.park(kind)?);
             }
             let changed = match deadline {
                 None => rx.changed().await,
@@ -159,7 +231,7 @@ impl Waits {
                 return Ok(a);
             }
             if parked.is_none() {
-                parked = Some(Parked::new(&self.parked, self.max_parked)?);
+                parked = Some(self.park(WaitKind::KvGet)?);
             }
             woken.await;
             if self.key_waiters.is_closed() {
@@ -171,6 +243,18 @@ impl Waits {
     /// Client calls parked on this node's applied state right now.
     pub fn parked_calls(&self) -> u64 {
         self.parked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The same by kind.
+    pub fn parked_by_kind(&self) -> Vec<(WaitKind, u64)> {
+        WaitKind::ALL
+            .iter()
+            .map(|k| (*k, self.by_kind[k.index()].load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    fn park(&self, kind: WaitKind) -> Result<Parked<'_>, Status> {
+        Parked::new(&self.parked, &self.by_kind[kind.index()], self.max_parked)
     }
 }
 
@@ -298,12 +382,13 @@ pub async fn run_key_wakeups(waits: Arc<Waits>) {
     }
 }
 
-/// One parked call, counted while it lives.
-pub struct Parked<'a>(&'a AtomicU64);
+/// One parked call, counted (in all and in its kind) while it lives.
+pub struct Parked<'a>(&'a AtomicU64, &'a AtomicU64);
 
 impl<'a> Parked<'a> {
-    /// Counts a call as parked, or refuses it past `max` parked calls.
-    pub fn new(count: &'a AtomicU64, max: u64) -> Result<Self, Status> {
+    /// Counts a call as parked in `count` and `kind`, or refuses it past
+    /// `max` parked calls.
+    pub fn new(count: &'a AtomicU64, kind: &'a AtomicU64, max: u64) -> Result<Self, Status> {
         let before = count.fetch_add(1, Ordering::Relaxed);
         if max > 0 && before >= max {
             count.fetch_sub(1, Ordering::Relaxed);
@@ -312,12 +397,14 @@ impl<'a> Parked<'a> {
                  (--max-parked-calls {max}); retry later or raise the limit"
             )));
         }
-        Ok(Parked(count))
+        kind.fetch_add(1, Ordering::Relaxed);
+        Ok(Parked(count, kind))
     }
 }
 
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
+        self.1.fetch_sub(1, Ordering::Relaxed);
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

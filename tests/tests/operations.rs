@@ -168,6 +168,54 @@ async fn metrics_pass_promtool_and_count_what_was_done() {
         Some(1.0),
         "{text}"
     );
+    // The write batcher's entries carried every put.
+    let batched = sample(&text, "coordstore_raft_batch_updates_sum").unwrap();
+    let entries = sample(&text, "coordstore_raft_batch_updates_count").unwrap();
+    assert!(
+        batched >= 25.0 && entries >= 1.0,
+        "{batched} updates in {entries} entries"
+    );
+
+    // Parked calls by kind: the agent's standing PollForError and a
+    // blocking get of a missing key, each under its own kind; the get
+    // leaves once answered.
+    let parked = |text: &str, kind: &str| {
+        sample(text, &format!("coordstore_parked_calls{{kind=\"{kind}\"}}")).unwrap_or(-1.0)
+    };
+    assert_eq!(parked(&text, "kv_get"), 0.0, "{text}");
+    let mut cfg =
+        agent::AgentConfig::new(vec![cluster.nodes[leader].addr.clone()], "jax_worker", 0);
+    cfg.heartbeat_interval = Duration::from_millis(500);
+    let a = agent::Agent::new(cfg, std::sync::Arc::new(|_| {})).unwrap();
+    a.connect().await.unwrap();
+    let get = a.get_key_value_async("later");
+    let scrape_until = |want: &'static [(&'static str, f64)]| {
+        let addr = http[leader].clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let t = wait_http(&addr, "/metrics", 200, Duration::from_secs(10));
+                if want.iter().all(|(k, n)| parked(&t, k) == *n) {
+                    return t;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "parked calls never became {want:?}:\n{t}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    scrape_until(&[("kv_get", 1.0), ("poll_for_error", 1.0), ("barrier", 0.0)]).await;
+    let st = coordstore_tests::try_status(&cluster.nodes[leader].addr)
+        .await
+        .unwrap();
+    assert_eq!(st.parked_by_kind.len(), 2, "{:?}", st.parked_by_kind);
+    assert_eq!(st.parked_by_kind.get("kv_get"), Some(&1));
+    assert_eq!(st.parked_calls, 2);
+    a.insert_key_value("later", "x").await.unwrap();
+    assert_eq!(&get.wait().await.unwrap()[..], b"x");
+    scrape_until(&[("kv_get", 0.0), ("poll_for_error", 1.0)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
