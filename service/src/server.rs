@@ -57,6 +57,22 @@ pub enum ServeError {
     Tls(tonic::transport::Error),
 }
 
+/// A listener on `addr`, if one is asked for.
+async fn bind_optional(
+    addr: &Option<String>,
+) -> Result<Option<tokio::net::TcpListener>, ServeError> {
+    let Some(a) = addr else {
+        return Ok(None);
+    };
+    tokio::net::TcpListener::bind(a)
+        .await
+        .map(Some)
+        .map_err(|source| ServeError::Bind {
+            addr: a.clone(),
+            source,
+        })
+}
+
 /// Starts a node with `cfg`.
 pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
@@ -69,19 +85,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         addr: cfg.listen.clone(),
         source,
     })?;
-    let peer_listener = match &cfg.peer_listen {
-        Some(a) => {
-            Some(
-                tokio::net::TcpListener::bind(a)
-                    .await
-                    .map_err(|source| ServeError::Bind {
-                        addr: a.clone(),
-                        source,
-                    })?,
-            )
-        }
-        None => None,
-    };
+    let peer_listener = bind_optional(&cfg.peer_listen).await?;
     let node = RaftNode::start(NodeConfig {
         node_id: cfg.node_id,
         address: cfg.advertise.clone(),
@@ -117,19 +121,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .with_metrics(metrics.clone())
         .with_slow_request(Duration::from_millis(cfg.slow_request_ms)),
     );
-    let metrics_listener = match &cfg.metrics_listen {
-        Some(a) => {
-            Some(
-                tokio::net::TcpListener::bind(a)
-                    .await
-                    .map_err(|source| ServeError::Bind {
-                        addr: a.clone(),
-                        source,
-                    })?,
-            )
-        }
-        None => None,
-    };
+    let metrics_listener = bind_optional(&cfg.metrics_listen).await?;
 
     let dispatcher = Arc::new(Dispatcher::new(
         router.clone(),

@@ -913,6 +913,31 @@ pub mod jax {
                 .collect()
         }
 
+        /// Waits for a clean exit with no failed check and the check
+        /// `last` passed; `context()` (node logs, say) goes into the failure
+        /// message.
+        pub fn assert_passes(
+            &mut self,
+            last: &str,
+            wait: Duration,
+            context: impl FnOnce() -> String,
+        ) {
+            let status = self.wait_exit(wait);
+            assert!(
+                status.success() && self.failed_checks().is_empty(),
+                "{status}: {:?}\n{}\n{}",
+                self.failed_checks(),
+                self.report(),
+                context()
+            );
+            let passed = format!("\"check\": \"{last}\", \"ok\": true");
+            assert!(
+                self.lines().iter().any(|l| l.contains(&passed)),
+                "{}",
+                self.report()
+            );
+        }
+
         /// Stdout and the tail of stderr, for failure messages.
         pub fn report(&self) -> String {
             let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();

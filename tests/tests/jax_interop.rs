@@ -50,20 +50,7 @@ fn all_ops_pass(cluster: &Cluster, addr: &str, tasks: usize) {
 /// Waits for `p` to exit cleanly with no failed check and its final check
 /// `last` passed.
 fn exits_passing(p: &mut PyProc, cluster: &Cluster, last: &str) {
-    let status = p.wait_exit(RUN);
-    assert!(
-        status.success() && p.failed_checks().is_empty(),
-        "{status}: {:?}\n{}\n{}",
-        p.failed_checks(),
-        p.report(),
-        cluster.logs()
-    );
-    let passed = format!("\"check\": \"{last}\", \"ok\": true");
-    assert!(
-        p.lines().iter().any(|l| l.contains(&passed)),
-        "{}",
-        p.report()
-    );
+    p.assert_passes(last, RUN, || cluster.logs());
 }
 
 #[test]

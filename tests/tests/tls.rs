@@ -420,19 +420,7 @@ fn stock_jaxlib_dials_mutual_tls_and_through_the_relay() {
         "--mtls-key".into(),
         s(&pki.client.key),
     ];
-    let mut p = ops(&addr, &mtls);
-    let status = p.wait_exit(Duration::from_secs(180));
-    assert!(
-        status.success() && p.failed_checks().is_empty(),
-        "{status}: {:?}\n{}\n{}",
-        p.failed_checks(),
-        p.report(),
-        cluster.logs()
-    );
-    assert!(p
-        .lines()
-        .iter()
-        .any(|l| l.contains("\"check\": \"summary\", \"ok\": true")));
+    ops(&addr, &mtls).assert_passes("summary", Duration::from_secs(180), || cluster.logs());
 
     // Plaintext jaxlib against the TLS port gets nowhere.
     let mut plain = ops(&addr, &["--init-timeout".into(), "5".into()]);
@@ -454,13 +442,9 @@ fn stock_jaxlib_dials_mutual_tls_and_through_the_relay() {
         ],
         cluster.dir.path(),
     );
-    let mut p = ops(&relay_addr, &["--namespace".into(), "via-relay".into()]);
-    let status = p.wait_exit(Duration::from_secs(180));
-    assert!(
-        status.success() && p.failed_checks().is_empty(),
-        "{status}: {:?}\n{}\n{}",
-        p.failed_checks(),
-        p.report(),
-        cluster.logs()
+    ops(&relay_addr, &["--namespace".into(), "via-relay".into()]).assert_passes(
+        "summary",
+        Duration::from_secs(180),
+        || cluster.logs(),
     );
 }
