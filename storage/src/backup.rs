@@ -99,7 +99,7 @@ impl Backup {
         tmp_name.push(".tmp");
         let tmp = path.with_file_name(tmp_name);
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&self.encode())?;
+        f.write_all(&self.encode()?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         match path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -109,14 +109,14 @@ impl Backup {
     }
 
     /// The file's bytes.
-    fn encode(&self) -> Vec<u8> {
-        let header = serde_json::to_vec(&self.header).expect("a header encodes");
+    fn encode(&self) -> std::io::Result<Vec<u8>> {
+        let header = serde_json::to_vec(&self.header)?;
         let mut out = Vec::with_capacity(MAGIC.len() + header.len() + 1 + self.data.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&header);
         out.push(b'\n');
         out.extend_from_slice(&self.data);
-        out
+        Ok(out)
     }
 
     /// Reads and checks a backup file: its form, size, checksum, journal
@@ -290,7 +290,7 @@ mod tests {
             .contains("not a coordstore backup"));
         let mut other = sample();
         other.header.format = 99;
-        assert!(Backup::parse(other.encode())
+        assert!(Backup::parse(other.encode().unwrap())
             .unwrap_err()
             .contains("journal format 99"));
     }
