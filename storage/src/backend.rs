@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 /// one implementation; another engine can replace it behind this trait.
 pub trait Backend: Send + Sync + 'static {
     /// Writes `(index, bytes)` log records in one atomic batch, readable
-    /// when it returns, durable once a later [`Backend::flush`] returns.
+    /// when it returns, durable once a later [`Backend::flush`] returns. A
+    /// single record must not wait for a running flush (the log store
+    /// writes it on the Raft core's task).
     fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()>;
     /// Records with `from <= index < to`, ascending.
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>>;
@@ -375,6 +377,13 @@ fn record(r: sled::Result<(sled::IVec, sled::IVec)>) -> io::Result<(u64, Vec<u8>
 
 impl Backend for SledBackend {
     fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()> {
+        if let [(i, bytes)] = records {
+            // One record needs no batch: an insert takes sled's shared lock,
+            // which a running flush does not hold against it (a batch waits
+            // for the exclusive one until the flush ends).
+            self.log.insert(key(*i), bytes.as_slice())?;
+            return Ok(());
+        }
         let mut batch = sled::Batch::default();
         for (i, bytes) in records {
             batch.insert(&key(*i), bytes.as_slice());

@@ -411,10 +411,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let records = Self::encode_entries(&entries)?;
-        // Off the Raft core's task: sled's apply_batch waits for its write
-        // lock, which a running flush holds.
-        let backend = self.backend.clone();
-        blocking(move || backend.log_append(&records)).await?;
+        if records.len() == 1 {
+            // A memory insert into sled, on this task: the follower answers
+            // and the leader replicates without a thread hop.
+            self.backend.log_append(&records)?;
+        } else {
+            // Off the Raft core's task: sled's batch waits for its write
+            // lock, which a running flush holds.
+            let backend = self.backend.clone();
+            blocking(move || backend.log_append(&records)).await?;
+        }
         self.tail().push(&entries);
         if let Err(mpsc::SendError(Flush::Append(callback))) =
             self.flusher.send(Flush::Append(callback))
