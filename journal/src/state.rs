@@ -198,6 +198,12 @@ impl State {
         let Some(cmd) = &u.command else {
             return Outcome::ok();
         };
+        // The state keeps its own copy of every byte string it stores: an
+        // update's `Bytes` can be slices of a larger buffer (a gRPC read
+        // buffer on the leader, a whole log entry on a follower), which a
+        // 1 KiB value kept in the state would keep alive whole.
+        let owned = owned_command(cmd);
+        let cmd = &owned;
         match cmd {
             Command::InitService(c) => self.init_service(c, u.at_ms),
             Command::ResetJobEpoch(c) => self.reset_job_epoch(c, u.at_ms),
@@ -588,4 +594,21 @@ fn check_config(c: &ClusterConfig) -> Result<(), DomainError> {
         }
     }
     Ok(())
+}
+
+/// `cmd` with every byte string in an allocation of its own (decoded from a
+/// slice, prost copies each `bytes` field out).
+fn owned_command(cmd: &Command) -> Command {
+    let wrapped = Update {
+        command: Some(cmd.clone()),
+        ..Default::default()
+    };
+    let buf = wrapped.encode_to_vec();
+    match Update::decode(buf.as_slice()) {
+        Ok(Update {
+            command: Some(c), ..
+        }) => c,
+        // Cannot happen (it was just encoded); keep the original.
+        _ => cmd.clone(),
+    }
 }

@@ -22,11 +22,23 @@ pub struct Proposal {
 }
 
 impl Proposal {
-    /// A proposal of `batch` (encodes it).
+    /// A proposal of `batch` (encodes it). The batch kept is decoded from
+    /// that encoding, as on a follower: the updates' byte strings of `batch`
+    /// can be slices of larger buffers (a client's gRPC read buffer of 8 KiB
+    /// behind each value of a few hundred bytes), which a proposal kept in
+    /// the log's in-memory tail would keep alive.
     pub fn new(batch: UpdateBatch) -> Proposal {
-        Proposal {
-            encoded: batch.encode_to_vec().into(),
-            batch: Arc::new(batch),
+        let encoded: Bytes = batch.encode_to_vec().into();
+        match UpdateBatch::decode(encoded.clone()) {
+            Ok(decoded) => Proposal {
+                batch: Arc::new(decoded),
+                encoded,
+            },
+            // Cannot happen (it was just encoded); keep the batch as given.
+            Err(_) => Proposal {
+                batch: Arc::new(batch),
+                encoded,
+            },
         }
     }
 
@@ -201,5 +213,32 @@ mod tests {
         assert!(
             bincode::deserialize::<Proposal>(&[3, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff]).is_err()
         );
+    }
+
+    /// The client's buffer behind a value is not kept by the proposal: its
+    /// batch is decoded from the proposal's own encoding.
+    #[test]
+    fn a_proposal_does_not_keep_the_buffers_its_values_came_from() {
+        let client_buffer = Bytes::from(vec![1u8; 8192]);
+        let batch = UpdateBatch {
+            updates: vec![journal::Update {
+                command: Some(Cmd::from(KvInsert {
+                    key: "k".into(),
+                    value: client_buffer.slice(0..300),
+                    allow_overwrite: true,
+                })),
+                ..Default::default()
+            }],
+        };
+        let p = Proposal::new(batch.clone());
+        assert_eq!(p.batch(), &batch);
+        let Some(Cmd::Coordination(c)) = &p.batch().updates[0].command else {
+            panic!("not a coordination command");
+        };
+        let Some(journal::pb::coordination::command::Command::KvInsert(kv)) = &c.command else {
+            panic!("not an insert");
+        };
+        assert!(!client_buffer.as_ptr_range().contains(&kv.value.as_ptr()));
+        assert!(p.encoded.as_ptr_range().contains(&kv.value.as_ptr()));
     }
 }

@@ -265,3 +265,29 @@ fn a_job_epoch_reset_compacts_the_history() {
     ok(&apply(&mut s, insert("b", "2", false), 0));
     assert_eq!(events(&s, 1), vec![(2, "b".into(), "2".into(), false)]);
 }
+
+/// A value that arrives as a slice of a larger buffer (a gRPC read buffer,
+/// a whole log entry) is stored as a copy of its own: keeping the slice
+/// would keep the whole buffer alive.
+#[test]
+fn a_stored_value_does_not_share_the_update_buffer() {
+    let buffer = bytes::Bytes::from(vec![7u8; 8192]);
+    let value = buffer.slice(1024..2048);
+    let mut s = State::new();
+    ok(&apply(
+        &mut s,
+        journal::pb::update::Command::from(journal::pb::coordination::KvInsert {
+            key: "k".into(),
+            value,
+            allow_overwrite: false,
+        }),
+        0,
+    ));
+    let stored = s.coordination().kv_get("k").unwrap();
+    assert_eq!(stored.as_ref(), &[7u8; 1024][..]);
+    let within = buffer.as_ptr_range();
+    assert!(
+        !within.contains(&stored.as_ptr()),
+        "the stored value points into the update's buffer"
+    );
+}
