@@ -432,6 +432,22 @@ impl State {
         self.data.encode_to_vec()
     }
 
+    /// The length of [`State::encode_snapshot`]'s encoding.
+    pub fn snapshot_len(&self) -> usize {
+        self.data.encoded_len()
+    }
+
+    /// Writes [`State::encode_snapshot`]'s encoding into `buf` piece by
+    /// piece (a buffer that passes it on, so the whole encoding never needs
+    /// to be in memory at once).
+    /// Fails only if `buf` has less room than [`State::snapshot_len`].
+    pub fn encode_snapshot_into(
+        &self,
+        buf: &mut impl bytes::BufMut,
+    ) -> Result<(), prost::EncodeError> {
+        self.data.encode(buf)
+    }
+
     /// Decodes a snapshot produced by [`State::encode_snapshot`], and checks
     /// it: the configuration, and each area's part against it.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {

@@ -53,7 +53,28 @@ pub trait Backend: Send + Sync + 'static {
     /// Replaces the snapshot with `meta` (an opaque record) and `data`,
     /// durably and atomically: after a crash either the old or the new one
     /// is there, whole.
-    fn snapshot_put(&self, meta: &[u8], data: &[u8]) -> io::Result<()>;
+    fn snapshot_put(&self, meta: &[u8], data: &[u8]) -> io::Result<()> {
+        self.snapshot_stage(SNAPSHOT_PUT_SLOT, meta, data.len() as u64, &mut |w| {
+            w.write_all(data)
+        })?;
+        self.snapshot_commit(SNAPSHOT_PUT_SLOT)
+    }
+    /// Writes a snapshot beside the current one, under the name `slot`, not
+    /// yet durable nor in place: `meta`, then the `data_len` bytes `fill`
+    /// writes (anything else is an error), so that the data never needs to
+    /// be in memory whole.
+    fn snapshot_stage(
+        &self,
+        slot: &str,
+        meta: &[u8],
+        data_len: u64,
+        fill: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>,
+    ) -> io::Result<()>;
+    /// Makes the snapshot staged under `slot` durable and the current one,
+    /// atomically, as [`Backend::snapshot_put`].
+    fn snapshot_commit(&self, slot: &str) -> io::Result<()>;
+    /// Removes the snapshot staged under `slot`, if any.
+    fn snapshot_discard(&self, slot: &str);
     /// The snapshot stored by [`Backend::snapshot_put`]: (meta, data).
     fn snapshot_get(&self) -> io::Result<Option<(Vec<u8>, Vec<u8>)>>;
     /// Notes, outside the database, that the log is committed up to `index`,
@@ -118,6 +139,8 @@ const MARKER_FILE: &str = "COMMITTED";
 const SNAPSHOT_FILE: &str = "snapshot";
 /// First bytes of a snapshot file (format version 1).
 const SNAPSHOT_MAGIC: &[u8; 8] = b"CSSNAP1\n";
+/// The staging slot of [`Backend::snapshot_put`].
+const SNAPSHOT_PUT_SLOT: &str = "put";
 /// How often the committed marker is rewritten at most.
 const MARKER_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -187,6 +210,11 @@ impl SledBackend {
             .map_err(|e| OpenError::new(dir, format!("cannot sync the database: {e}")))?;
         backend.check_identity(dir, identity, fresh)?;
         Ok(backend)
+    }
+
+    /// Where a snapshot staged under `slot` is written.
+    fn staged_snapshot(&self, slot: &str) -> PathBuf {
+        self.dir.join(format!("{SNAPSHOT_FILE}.{slot}.tmp"))
     }
 
     /// Makes everything sled wrote so far durable: its buffers reach the
@@ -354,6 +382,26 @@ fn decode_snapshot_file(mut raw: Vec<u8>) -> io::Result<(Vec<u8>, Vec<u8>)> {
     Ok((meta, raw))
 }
 
+/// A writer that counts and checksums what passes through it.
+struct CrcWriter<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    written: u64,
+}
+
+impl<W: io::Write> io::Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// fsyncs a directory (its entries).
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
@@ -446,22 +494,46 @@ impl Backend for SledBackend {
         Ok(())
     }
 
-    fn snapshot_put(&self, meta: &[u8], data: &[u8]) -> io::Result<()> {
+    fn snapshot_stage(
+        &self,
+        slot: &str,
+        meta: &[u8],
+        data_len: u64,
+        fill: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>,
+    ) -> io::Result<()> {
         use std::io::Write;
-        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        let mut crc = crc32fast::Hasher::new();
-        let meta_len = (meta.len() as u64).to_le_bytes();
-        let data_len = (data.len() as u64).to_le_bytes();
-        for part in [&SNAPSHOT_MAGIC[..], &meta_len, meta, &data_len, data] {
-            crc.update(part);
-            f.write_all(part)?;
+        let file = std::fs::File::create(self.staged_snapshot(slot))?;
+        let mut w = CrcWriter {
+            inner: std::io::BufWriter::with_capacity(1 << 16, file),
+            crc: crc32fast::Hasher::new(),
+            written: 0,
+        };
+        w.write_all(SNAPSHOT_MAGIC)?;
+        w.write_all(&(meta.len() as u64).to_le_bytes())?;
+        w.write_all(meta)?;
+        w.write_all(&data_len.to_le_bytes())?;
+        let start = w.written;
+        fill(&mut w)?;
+        let filled = w.written - start;
+        if filled != data_len {
+            return Err(io::Error::other(format!(
+                "the snapshot data came to {filled} bytes where {data_len} were announced"
+            )));
         }
-        f.write_all(&crc.finalize().to_le_bytes())?;
-        let f = f.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
+        let crc = w.crc.finalize();
+        w.inner.write_all(&crc.to_le_bytes())?;
+        w.inner.flush()
+    }
+
+    fn snapshot_commit(&self, slot: &str) -> io::Result<()> {
+        let staged = self.staged_snapshot(slot);
+        std::fs::File::open(&staged)?.sync_all()?;
+        std::fs::rename(&staged, self.dir.join(SNAPSHOT_FILE))?;
         sync_dir(&self.dir)
+    }
+
+    fn snapshot_discard(&self, slot: &str) {
+        let _ = std::fs::remove_file(self.staged_snapshot(slot));
     }
 
     fn snapshot_get(&self) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {

@@ -4,10 +4,12 @@
 //!
 //! A snapshot is encoded once, under the read lock, when openraft asks for a
 //! builder (serialised with `apply`, so it is a point-in-time view without a
-//! copy of the state), written to its own file (not into sled, whose cache
-//! would keep it), and handed to openraft without another copy. The log
-//! bytes applied since the last snapshot are counted, so that the node can
-//! also snapshot by log size.
+//! copy of the state), straight into a staged file of its own in pieces of
+//! 64 KiB (not into sled, whose cache would keep it; never whole in memory:
+//! the fresh pages of a buffer that size cost as much as the encoding). The
+//! builder then makes the file durable and puts it in place, off the apply
+//! path. The log bytes applied since the last snapshot are counted, so that
+//! the node can also snapshot by log size.
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -166,37 +168,140 @@ fn load_snapshot(backend: &dyn Backend) -> Result<Option<StoredSnapshot>, String
     }
 }
 
-/// Stores a snapshot unless a newer one is stored already. A build runs
-/// beside later applies and can finish after a newer snapshot was installed
-/// from the leader (and the log purged behind it); writing the older one
-/// over it would leave the node unable to restart. `stored` serialises the
-/// compare-and-write between builds and installs.
-async fn store_snapshot(
+/// Where a snapshot being built is staged (see [`Backend::snapshot_stage`]).
+const BUILD_SLOT: &str = "build";
+
+/// Puts a snapshot in place (`put`) unless a newer one is stored already
+/// (then `stale` runs instead). A build runs beside later applies and can
+/// finish after a newer snapshot was installed from the leader (and the log
+/// purged behind it); writing the older one over it would leave the node
+/// unable to restart. `stored` serialises the compare-and-write between
+/// builds and installs.
+async fn replace_snapshot(
     backend: Arc<dyn Backend>,
     stored: Arc<Mutex<Option<LogId>>>,
-    meta: SnapshotMeta,
-    data: Vec<u8>,
-) -> std::io::Result<Vec<u8>> {
-    let meta_bytes = encode(&meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
-    let new_last = meta.last_log_id;
+    new_last: Option<LogId>,
+    put: impl FnOnce(&dyn Backend) -> std::io::Result<()> + Send + 'static,
+    stale: impl FnOnce(&dyn Backend) + Send + 'static,
+) -> std::io::Result<()> {
     blocking(move || {
         let mut current = stored.lock().unwrap_or_else(|p| p.into_inner());
         if current.is_some() && *current > new_last {
-            return Ok(data);
+            stale(backend.as_ref());
+            return Ok(());
         }
-        backend.snapshot_put(&meta_bytes, &data)?;
+        put(backend.as_ref())?;
         // A snapshot of an older version's data dir lived in sled.
         backend.meta_remove(LEGACY_SNAPSHOT_KEY)?;
         *current = new_last;
-        Ok(data)
+        Ok(())
     })
     .await
 }
 
-/// Builds a snapshot from the encoding taken when it was created.
+/// Writes the snapshot of `state` as `meta` describes it into the build
+/// slot, encoding it straight into the file in pieces: no allocation of the
+/// whole encoding (fresh pages for it cost as much as the encoding), and no
+/// second copy of the state in memory. Returns the encoding's length.
+fn stage_snapshot(
+    backend: &dyn Backend,
+    meta: &SnapshotMeta,
+    state: &State,
+) -> std::io::Result<u64> {
+    let meta_bytes = encode(meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
+    let len = state.snapshot_len() as u64;
+    backend.snapshot_stage(BUILD_SLOT, &meta_bytes, len, &mut |w| {
+        let mut out = WriteBuf::new(w);
+        state
+            .encode_snapshot_into(&mut out)
+            .map_err(|e| io_err("encoding the snapshot", e))?;
+        out.finish()
+    })?;
+    Ok(len)
+}
+
+/// Size of the pieces [`WriteBuf`] passes on.
+const WRITE_BUF_BYTES: usize = 1 << 16;
+
+/// A `BufMut` that passes what is put into it on to a writer in pieces of
+/// [`WRITE_BUF_BYTES`]. The first write error is kept (and returned by
+/// [`WriteBuf::finish`]); what comes after it is dropped.
+struct WriteBuf<'a> {
+    out: &'a mut dyn std::io::Write,
+    buf: Vec<u8>,
+    error: Option<std::io::Error>,
+}
+
+impl<'a> WriteBuf<'a> {
+    fn new(out: &'a mut dyn std::io::Write) -> Self {
+        WriteBuf {
+            out,
+            buf: Vec::with_capacity(WRITE_BUF_BYTES),
+            error: None,
+        }
+    }
+
+    fn pass_on(&mut self, bytes: &[u8]) {
+        if self.error.is_none() {
+            if let Err(e) = self.out.write_all(bytes) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        self.pass_on(&buf);
+        self.buf = buf;
+        self.buf.clear();
+    }
+
+    fn finish(mut self) -> std::io::Result<()> {
+        self.drain();
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+// SAFETY: `chunk_mut` hands out only the spare capacity of `buf`, and
+// `advance_mut` extends `buf`'s length by at most that (checked), so every
+// byte below the length was written.
+unsafe impl bytes::BufMut for WriteBuf<'_> {
+    fn remaining_mut(&self) -> usize {
+        isize::MAX as usize
+    }
+
+    unsafe fn advance_mut(&mut self, cnt: usize) {
+        let len = self.buf.len() + cnt;
+        assert!(len <= self.buf.capacity(), "advanced past the chunk");
+        // SAFETY: the caller wrote `cnt` bytes of the chunk (the contract of
+        // `advance_mut`), and the chunk is the spare capacity after `len`.
+        unsafe { self.buf.set_len(len) }
+    }
+
+    fn chunk_mut(&mut self) -> &mut bytes::buf::UninitSlice {
+        if self.buf.len() == self.buf.capacity() {
+            self.drain();
+        }
+        bytes::buf::UninitSlice::uninit(self.buf.spare_capacity_mut())
+    }
+
+    fn put_slice(&mut self, src: &[u8]) {
+        if src.len() > self.buf.capacity() - self.buf.len() {
+            self.drain();
+            if src.len() >= WRITE_BUF_BYTES {
+                self.pass_on(src);
+                return;
+            }
+        }
+        self.buf.extend_from_slice(src);
+    }
+}
+
+/// Builds a snapshot staged when it was created.
 pub struct SnapshotBuilder {
     meta: SnapshotMeta,
-    data: Vec<u8>,
+    /// The staged encoding's length, or why staging failed.
+    staged: Option<std::io::Result<u64>>,
     backend: Arc<dyn Backend>,
     stored: Arc<Mutex<Option<LogId>>>,
 }
@@ -204,20 +309,28 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
+    /// Puts the staged snapshot in place. The snapshot returned carries its
+    /// metadata only: openraft (0.10) keeps nothing else of a built
+    /// snapshot, and a follower that needs it gets the stored file through
+    /// `get_current_snapshot`.
     async fn build_snapshot(&mut self) -> std::io::Result<Snapshot> {
-        let data = std::mem::take(&mut self.data);
-        let data = store_snapshot(
+        let len = self
+            .staged
+            .take()
+            .unwrap_or_else(|| Err(std::io::Error::other("this snapshot was built already")))?;
+        replace_snapshot(
             self.backend.clone(),
             self.stored.clone(),
-            self.meta.clone(),
-            data,
+            self.meta.last_log_id,
+            |b| b.snapshot_commit(BUILD_SLOT),
+            |b| b.snapshot_discard(BUILD_SLOT),
         )
         .await?;
         crate::metrics::SNAPSHOT_BUILDS.inc();
-        crate::metrics::SNAPSHOT_BYTES.set(data.len() as i64);
+        crate::metrics::SNAPSHOT_BYTES.set(len as i64);
         Ok(Snapshot {
             meta: self.meta.clone(),
-            snapshot: Cursor::new(data),
+            snapshot: Cursor::new(Vec::new()),
         })
     }
 }
@@ -285,12 +398,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Serialised with apply: encoding here is a point-in-time view.
         let d = self.shared.read();
         self.shared.log_bytes.store(0, Ordering::Relaxed);
+        let meta = SnapshotMeta {
+            last_log_id: d.last_applied,
+            last_membership: d.membership.clone(),
+        };
+        let staged = stage_snapshot(self.backend.as_ref(), &meta, &d.state);
+        drop(d);
         SnapshotBuilder {
-            meta: SnapshotMeta {
-                last_log_id: d.last_applied,
-                last_membership: d.membership.clone(),
-            },
-            data: d.state.encode_snapshot(),
+            meta,
+            staged: Some(staged),
             backend: self.backend.clone(),
             stored: self.stored.clone(),
         }
@@ -304,11 +420,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let data = snapshot.into_inner();
         let state = State::decode_snapshot(&data)
             .map_err(|e| io_err("decoding the snapshot from the leader", e))?;
-        store_snapshot(
+        let meta_bytes = encode(meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
+        replace_snapshot(
             self.backend.clone(),
             self.stored.clone(),
-            meta.clone(),
-            data,
+            meta.last_log_id,
+            move |b| b.snapshot_put(&meta_bytes, &data),
+            |_| {},
         )
         .await?;
         self.shared.log_bytes.store(0, Ordering::Relaxed);
@@ -333,5 +451,72 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: s.meta,
             snapshot: Cursor::new(s.data),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use journal::pb::coordination::KvInsert;
+    use journal::Update;
+
+    fn state_with_values(sizes: &[usize]) -> State {
+        let mut s = State::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let out = s.apply(&Update::from(KvInsert {
+                key: format!("k{i}"),
+                value: vec![i as u8; n].into(),
+                allow_overwrite: false,
+            }));
+            assert!(!out.is_err());
+        }
+        s
+    }
+
+    #[test]
+    fn a_snapshot_encoded_in_pieces_is_the_snapshot_encoding() {
+        // Small values that fill pieces, values across piece boundaries and
+        // values bigger than a piece (passed on directly).
+        let sizes: Vec<usize> = (0..300)
+            .map(|i| match i % 7 {
+                0 => WRITE_BUF_BYTES + 3,
+                1 => WRITE_BUF_BYTES - 1,
+                2 => 3 * WRITE_BUF_BYTES,
+                n => n * 97,
+            })
+            .collect();
+        let s = state_with_values(&sizes);
+        let mut out = Vec::new();
+        let mut w = WriteBuf::new(&mut out);
+        s.encode_snapshot_into(&mut w).unwrap();
+        w.finish().unwrap();
+        assert_eq!(out.len(), s.snapshot_len());
+        assert!(out == s.encode_snapshot(), "encodings differ");
+    }
+
+    struct FailsAfter(usize);
+
+    impl std::io::Write for FailsAfter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.0 < buf.len() {
+                return Err(std::io::Error::other("disk full"));
+            }
+            self.0 -= buf.len();
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_error_while_encoding_in_pieces_is_returned() {
+        let s = state_with_values(&[WRITE_BUF_BYTES; 4]);
+        let mut out = FailsAfter(WRITE_BUF_BYTES);
+        let mut w = WriteBuf::new(&mut out);
+        s.encode_snapshot_into(&mut w).unwrap();
+        let err = w.finish().unwrap_err();
+        assert_eq!(err.to_string(), "disk full");
     }
 }

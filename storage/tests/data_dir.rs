@@ -352,3 +352,33 @@ fn a_dir_in_use_by_another_node_is_refused_as_such() {
     let err = open_err(dir.path(), &id("c1", 1));
     assert!(err.contains("in use by another process"), "{err}");
 }
+
+/// A staged snapshot whose data does not come to the announced length is
+/// refused and never put in place: the stored one stays.
+#[tokio::test]
+async fn a_staged_snapshot_of_the_wrong_length_is_refused() {
+    use storage::Backend;
+    let dir = TempDir::new().unwrap();
+    snapshot_of_ten(dir.path()).await;
+    let before = std::fs::read(dir.path().join("snapshot")).unwrap();
+    let backend = storage::SledBackend::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    for written in [9usize, 11] {
+        let err = backend
+            .snapshot_stage("build", b"meta", 10, &mut |w| {
+                w.write_all(&vec![1; written])
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("10 were announced"), "{err}");
+    }
+    assert_eq!(std::fs::read(dir.path().join("snapshot")).unwrap(), before);
+    // Staged with the right length, it replaces the stored one whole.
+    backend
+        .snapshot_stage("build", b"meta", 3, &mut |w| w.write_all(b"abc"))
+        .unwrap();
+    assert_eq!(std::fs::read(dir.path().join("snapshot")).unwrap(), before);
+    backend.snapshot_commit("build").unwrap();
+    assert_eq!(
+        backend.snapshot_get().unwrap(),
+        Some((b"meta".to_vec(), b"abc".to_vec()))
+    );
+}
