@@ -21,6 +21,9 @@ use std::io;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
+/// What writes a staged snapshot's data (see [`Backend::snapshot_stage`]).
+pub type SnapshotFill<'a> = dyn FnMut(&mut dyn io::Write) -> io::Result<()> + 'a;
+
 /// Durable key-value operations the log store and state machine need. sled is
 /// one implementation; another engine can replace it behind this trait.
 pub trait Backend: Send + Sync + 'static {
@@ -68,7 +71,7 @@ pub trait Backend: Send + Sync + 'static {
         slot: &str,
         meta: &[u8],
         data_len: u64,
-        fill: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>,
+        fill: &mut SnapshotFill<'_>,
     ) -> io::Result<()>;
     /// Makes the snapshot staged under `slot` durable and the current one,
     /// atomically, as [`Backend::snapshot_put`].
@@ -499,7 +502,7 @@ impl Backend for SledBackend {
         slot: &str,
         meta: &[u8],
         data_len: u64,
-        fill: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>,
+        fill: &mut SnapshotFill<'_>,
     ) -> io::Result<()> {
         use std::io::Write;
         let file = std::fs::File::create(self.staged_snapshot(slot))?;

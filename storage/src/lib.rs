@@ -20,7 +20,7 @@ mod types;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use backend::{Backend, Identity, OpenError, SledBackend};
+pub use backend::{Backend, Identity, OpenError, SledBackend, SnapshotFill};
 pub use log_store::LogStore;
 pub use state_machine::{SnapshotBuilder, StateHandle, StateMachine};
 pub use types::{
