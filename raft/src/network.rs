@@ -1,23 +1,36 @@
 //! Peer transport over tonic: the client side (`RaftNetworkFactory` with one
 //! cached channel per peer) and the server side (the `RaftPeer` service).
 //! Payloads are the bincode encoding of openraft's RPC types.
+//!
+//! Replication runs on openraft 0.10's pipelined stream: one `AppendStream`
+//! gRPC stream per leader and follower carries AppendEntries frames as the
+//! leader's log grows, without waiting for the answer to the one before
+//! (the follower answers each, in order, once it is on its disk). A
+//! heartbeat (a one-frame stream) and a peer without `AppendStream` use the
+//! unary `AppendEntries`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::{future, stream, Stream, StreamExt};
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{v2::RaftNetworkV2, RPCOption, RaftNetworkFactory};
+use openraft::network::{
+    stream_append_sequential, v2::RaftNetworkV2, RPCOption, RaftNetworkFactory,
+};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendError,
+    StreamAppendResult, VoteRequest, VoteResponse,
 };
 use openraft::type_config::async_runtime::WatchReceiver;
+use openraft::OptionalSend;
 use proto::coordstore::raft_peer_client::RaftPeerClient;
 use proto::coordstore::raft_peer_server::{RaftPeer, RaftPeerServer};
-use proto::coordstore::RaftPayload;
+use proto::coordstore::{AppendFrame, RaftPayload};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use storage::{Node, NodeId, Snapshot, SnapshotData, SnapshotMeta, StateMachine, TypeConfig, Vote};
@@ -224,6 +237,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             client,
             contact: self.contact.clone(),
             token: self.token.clone(),
+            unary_only: false,
         }
     }
 }
@@ -234,6 +248,38 @@ pub struct PeerConnection {
     client: Result<RaftPeerClient<Channel>, String>,
     contact: Arc<Contact>,
     token: PeerToken,
+    /// The peer answered `AppendStream` with UNIMPLEMENTED (a build from
+    /// before it): replicate to it with unary calls.
+    unary_only: bool,
+}
+
+/// What openraft's `stream_append` hands back.
+type AppendAnswers<'s> =
+    BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
+
+/// When each frame of a stream still unanswered was sent, oldest first.
+type Unanswered = Arc<Mutex<VecDeque<Instant>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A failed peer RPC as openraft counts it: a peer that cannot be reached
+/// (UNAVAILABLE, UNKNOWN: connection refused or reset) or another error.
+fn status_error(s: &Status) -> RPCError<TypeConfig> {
+    let e = Msg(format!("{}: {}", s.code(), s.message()));
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown => {
+            RPCError::Unreachable(Unreachable::new(&e))
+        }
+        _ => RPCError::Network(NetworkError::new(&e)),
+    }
+}
+
+fn overdue(what: &str, ttl: Duration) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::new(&Msg(format!(
+        "{what}: no answer within {ttl:?}"
+    ))))
 }
 
 #[derive(Clone, Copy)]
@@ -290,15 +336,7 @@ impl PeerConnection {
             Method::Vote => client.vote(request).await,
             Method::Snapshot => client.install_snapshot(request).await,
         };
-        let reply = reply.map_err(|s| {
-            let e = Msg(format!("{}: {}", s.code(), s.message()));
-            match s.code() {
-                tonic::Code::Unavailable | tonic::Code::Unknown => {
-                    RPCError::Unreachable(Unreachable::new(&e))
-                }
-                _ => RPCError::Network(NetworkError::new(&e)),
-            }
-        })?;
+        let reply = reply.map_err(|s| status_error(&s))?;
         let result: Result<Resp, E> = bincode::deserialize(&reply.into_inner().data)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| {
@@ -307,6 +345,99 @@ impl PeerConnection {
                 self.target
             ))))
         })
+    }
+}
+
+impl PeerConnection {
+    /// Opens an `AppendStream` that sends `input`'s requests as they come.
+    /// `ttl` bounds the setup and the wait for each answer (the deadline a
+    /// unary AppendEntries has): a peer that stops answering ends the
+    /// stream with an error, and openraft opens another after its backoff.
+    async fn open_append_stream<S>(
+        &mut self,
+        input: S,
+        ttl: Duration,
+    ) -> Result<AppendAnswers<'static>, RPCError<TypeConfig>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        let mut client = match &self.client {
+            Ok(c) => c.clone(),
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&Msg(e.clone())))),
+        };
+        let unanswered = Unanswered::default();
+        let frames = {
+            let (contact, unanswered) = (self.contact.clone(), unanswered.clone());
+            input.scan((), move |_, rpc| {
+                let frame = match bincode::serialize(&rpc) {
+                    Ok(data) => {
+                        lock(&unanswered).push_back(Instant::now());
+                        Some(AppendFrame {
+                            data: Bytes::from(data),
+                            quorum_age_ms: contact.quorum_age().map(|a| a.as_millis() as u64),
+                        })
+                    }
+                    Err(e) => {
+                        // Ends the stream; openraft starts another.
+                        tracing::error!("cannot encode an AppendEntries: {e}");
+                        None
+                    }
+                };
+                future::ready(frame)
+            })
+        };
+        let mut request = Request::new(frames);
+        self.token.attach(&mut request);
+        let answers = match tokio::time::timeout(ttl, client.append_stream(request)).await {
+            Err(_) => return Err(overdue("opening the append stream", ttl)),
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                tracing::warn!(
+                    target_node = self.target,
+                    "the peer has no AppendStream (an older build): unary AppendEntries to it"
+                );
+                self.unary_only = true;
+                return Err(status_error(&s));
+            }
+            Ok(Err(s)) => return Err(status_error(&s)),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let (target, contact) = (self.target, self.contact.clone());
+        let answers = stream::unfold(Some(answers), move |state| {
+            let (unanswered, contact) = (unanswered.clone(), contact.clone());
+            async move {
+                let mut answers = state?;
+                let payload = loop {
+                    match tokio::time::timeout(ttl, answers.message()).await {
+                        Ok(Ok(Some(p))) => break p,
+                        Ok(Ok(None)) => return None,
+                        Ok(Err(s)) => return Some((Err(status_error(&s)), None)),
+                        Err(_) => {
+                            let late = lock(&unanswered)
+                                .front()
+                                .is_some_and(|t| t.elapsed() >= ttl);
+                            if late {
+                                return Some((Err(overdue("AppendEntries", ttl)), None));
+                            }
+                        }
+                    }
+                };
+                lock(&unanswered).pop_front();
+                let result: StreamAppendResult<TypeConfig> =
+                    match bincode::deserialize(&payload.data) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            return Some((Err(RPCError::Network(NetworkError::new(&e))), None))
+                        }
+                    };
+                if !matches!(result, Err(StreamAppendError::HigherVote(_))) {
+                    contact.acked(target);
+                }
+                // Conflict and HigherVote end the stream (openraft's rule).
+                let next = result.is_ok().then_some(answers);
+                Some((Ok(result), next))
+            }
+        });
+        Ok(Box::pin(answers))
     }
 }
 
@@ -325,6 +456,26 @@ impl RaftNetworkV2<TypeConfig> for PeerConnection {
             self.contact.acked(self.target);
         }
         Ok(resp)
+    }
+
+    /// Pipelined: frames go out as openraft produces them; each answer is
+    /// awaited with the RPC deadline while frames are unanswered.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<AppendAnswers<'s>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        // One frame (a heartbeat): a unary call costs what a stream's setup does.
+        if self.unary_only || input.size_hint().1 == Some(1) {
+            return stream_append_sequential(self, input, option);
+        }
+        Box::pin(async move {
+            let answers = self.open_append_stream(input, option.hard_ttl()).await?;
+            Ok(answers as AppendAnswers<'s>)
+        })
     }
 
     async fn vote(
@@ -369,7 +520,7 @@ pub struct PeerService {
     contact: Arc<Contact>,
     token: PeerToken,
     /// When an AppendEntries (entries or heartbeat) last arrived.
-    last_append: Mutex<Option<Instant>>,
+    last_append: Arc<Mutex<Option<Instant>>>,
     /// How long without one before this node counts the leader as silent.
     silent_after: Duration,
 }
@@ -389,7 +540,7 @@ impl PeerService {
             raft,
             contact,
             token,
-            last_append: Mutex::new(None),
+            last_append: Arc::default(),
             silent_after: 3 * heartbeat,
         })
         .max_decoding_message_size(max_message_bytes)
@@ -435,18 +586,29 @@ fn campaign_after_refusal(
     leader_silent && !resp.vote_granted && resp.last_log_id > req.last_log_id
 }
 
-fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
-    bincode::deserialize(&req.into_inner().data)
+fn decode_bytes<T: DeserializeOwned>(data: &[u8]) -> Result<T, Status> {
+    bincode::deserialize(data)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft payload: {e}")))
 }
 
-fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
+fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
+    decode_bytes(&req.into_inner().data)
+}
+
+fn encode_payload<T: Serialize>(v: &T) -> Result<RaftPayload, Status> {
     let data = bincode::serialize(v)
         .map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))?;
-    Ok(Response::new(RaftPayload {
+    Ok(RaftPayload {
         data: Bytes::from(data),
-    }))
+    })
 }
+
+fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
+    encode_payload(v).map(Response::new)
+}
+
+/// The answers of an `AppendStream`.
+type AnswerStream = BoxStream<'static, Result<RaftPayload, Status>>;
 
 #[tonic::async_trait]
 impl RaftPeer for PeerService {
@@ -470,6 +632,64 @@ impl RaftPeer for PeerService {
             }
         }
         encode(&reply)
+    }
+
+    type AppendStreamStream = AnswerStream;
+
+    /// Feeds the frames to openraft's pipelined `stream_append` and answers
+    /// each in order. An undecodable frame ends the stream with
+    /// INVALID_ARGUMENT after the answers to the frames before it; a Raft
+    /// core that stopped ends it with UNAVAILABLE.
+    async fn append_stream(
+        &self,
+        req: Request<tonic::Streaming<AppendFrame>>,
+    ) -> Result<Response<AnswerStream>, Status> {
+        self.token.check(&req)?;
+        // The quorum age each frame vouched for, oldest first; the answers
+        // come in the frames' order.
+        let vouched: Arc<Mutex<VecDeque<Option<Duration>>>> = Arc::default();
+        let refused: Arc<Mutex<Option<Status>>> = Arc::default();
+        let requests = {
+            let (vouched, refused) = (vouched.clone(), refused.clone());
+            req.into_inner().scan((), move |_, frame| {
+                let rpc = frame.and_then(|f| {
+                    let rpc = decode_bytes::<AppendEntriesRequest<TypeConfig>>(&f.data)?;
+                    Ok((rpc, f.quorum_age_ms.map(Duration::from_millis)))
+                });
+                future::ready(match rpc {
+                    Ok((rpc, age)) => {
+                        lock(&vouched).push_back(age);
+                        Some(rpc)
+                    }
+                    Err(status) => {
+                        *lock(&refused) = Some(status);
+                        None
+                    }
+                })
+            })
+        };
+        let (contact, last_append) = (self.contact.clone(), self.last_append.clone());
+        let answers = self.raft.stream_append(requests).map(move |answer| {
+            *lock(&last_append) = Some(Instant::now());
+            let age = lock(&vouched).pop_front().flatten();
+            match answer {
+                Ok(result) => {
+                    // Accepted (not from a deposed leader): its quorum is ours to know.
+                    if let (false, Some(age)) =
+                        (matches!(result, Err(StreamAppendError::HigherVote(_))), age)
+                    {
+                        contact.leader_vouched(age);
+                    }
+                    encode_payload(&result)
+                }
+                Err(fatal) => Err(Status::unavailable(format!(
+                    "the Raft core stopped: {fatal}"
+                ))),
+            }
+        });
+        let refusal = stream::once(async move { lock(&refused).take() })
+            .filter_map(|s| future::ready(s.map(Err)));
+        Ok(Response::new(Box::pin(answers.chain(refusal))))
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

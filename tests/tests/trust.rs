@@ -101,7 +101,7 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_rpcs_need_the_clusters_token() {
     use proto::coordstore::raft_peer_client::RaftPeerClient;
-    use proto::coordstore::RaftPayload;
+    use proto::coordstore::{AppendFrame, RaftPayload};
 
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("peer-token");
@@ -140,7 +140,21 @@ async fn peer_rpcs_need_the_clusters_token() {
         }
         r
     };
+    let stream_with_token = |t: Option<&str>| {
+        let frame = AppendFrame {
+            data: vec![0xFF; 16].into(),
+            quorum_age_ms: None,
+        };
+        let mut r = tonic::Request::new(futures_util::stream::iter([frame]));
+        if let Some(t) = t {
+            r.metadata_mut()
+                .insert("x-coordstore-peer-token", t.parse().unwrap());
+        }
+        r
+    };
     for t in [None, Some("not-the-token")] {
+        let e = peer.append_stream(stream_with_token(t)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
         let e = peer.vote(with_token(t)).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
         let e = peer.append_entries(with_token(t)).await.unwrap_err();
@@ -168,4 +182,18 @@ async fn peer_rpcs_need_the_clusters_token() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // On the replication stream: the frame, after the stream opened.
+    let mut answers = peer
+        .append_stream(stream_with_token(Some("s3cret-peer-token")))
+        .await
+        .expect("the stream opens with the token")
+        .into_inner();
+    let e = tokio::time::timeout(WAIT, answers.message())
+        .await
+        .expect("an answer in time")
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("undecodable raft payload"), "{e:?}");
+    // Nothing of it reached the log: the replicas still agree.
+    cluster.wait_converged(&[0, 1, 2], WAIT).await;
 }
