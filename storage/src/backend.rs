@@ -21,16 +21,18 @@ use std::io;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
+use crate::wal::Wal;
+
 /// What writes a staged snapshot's data (see [`Backend::snapshot_stage`]).
 pub type SnapshotFill<'a> = dyn FnMut(&mut dyn io::Write) -> io::Result<()> + 'a;
 
 /// Durable key-value operations the log store and state machine need. sled is
 /// one implementation; another engine can replace it behind this trait.
 pub trait Backend: Send + Sync + 'static {
-    /// Writes `(index, bytes)` log records in one atomic batch, readable
-    /// when it returns, durable once a later [`Backend::flush`] returns. A
-    /// single record must not wait for a running flush (the log store
-    /// writes it on the Raft core's task).
+    /// Writes `(index, bytes)` log records, readable when it returns,
+    /// durable once a later [`Backend::flush`] returns; after a crash the
+    /// log holds a prefix of what was written. Must not wait for a running
+    /// flush (the log store writes single records on the Raft core's task).
     fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()>;
     /// Records with `from <= index < to`, ascending.
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>>;
@@ -49,7 +51,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes a metadata value; with `durable` it is on stable storage
     /// (with everything written before it) when it returns.
     fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()>;
-    /// Makes everything written so far durable.
+    /// Makes every log record written so far durable (metadata written
+    /// without `durable` becomes durable with the next durable write).
     fn flush(&self) -> io::Result<()>;
     /// Removes a metadata value (not synced: a later durable write carries it).
     fn meta_remove(&self, key: &str) -> io::Result<()>;
@@ -120,10 +123,12 @@ const IDENTITY_KEY: &str = "identity";
 /// recorded (format 1).
 const FORMAT_KEY: &str = "journal_format";
 
-/// sled: one database per node, trees `log` (big-endian u64 keys) and `meta`.
+/// sled for the metadata (tree `meta`) and [`Wal`] files for the log. Data
+/// dirs written before the log had its own files keep it in sled's tree
+/// `log` (big-endian u64 keys); it moves to the files at open.
 pub struct SledBackend {
     db: sled::Db,
-    log: sled::Tree,
+    log: Wal,
     meta: sled::Tree,
     /// The database file, kept open to fdatasync it.
     db_file: std::fs::File,
@@ -135,6 +140,8 @@ pub struct SledBackend {
     dir: PathBuf,
 }
 
+/// Directory of the log files.
+const WAL_DIR: &str = "wal";
 /// File beside the database holding the highest committed index noted.
 const MARKER_FILE: &str = "COMMITTED";
 /// File beside the database holding the snapshot. Snapshots stay out of
@@ -197,9 +204,12 @@ impl SledBackend {
         };
         let db_file = std::fs::File::open(dir.join("db"))
             .map_err(|e| OpenError::new(dir, format!("cannot open the database file: {e}")))?;
+        let (meta, sled_log) = (tree("meta")?, tree("log")?);
+        let log = Wal::open(&dir.join(WAL_DIR))
+            .map_err(|e| OpenError::new(dir, format!("the log files: {e}")))?;
         let backend = SledBackend {
-            log: tree("log")?,
-            meta: tree("meta")?,
+            log,
+            meta,
             db,
             db_file,
             blobs_dir: dir.join("blobs"),
@@ -208,6 +218,8 @@ impl SledBackend {
             marker: std::sync::Mutex::new((0, None)),
             dir: dir.to_path_buf(),
         };
+        move_sled_log(&backend, &sled_log)
+            .map_err(|e| OpenError::new(dir, format!("cannot move the log out of sled: {e}")))?;
         backend
             .sync_files(dir)
             .map_err(|e| OpenError::new(dir, format!("cannot sync the database: {e}")))?;
@@ -410,8 +422,29 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-fn key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
+/// Moves a log kept in sled's tree (data dirs written before the log had
+/// its own files) into `wal`: copied and synced, then removed from sled.
+/// A crash in between leaves the tree whole, and the next open copies it
+/// again over whatever the files got.
+fn move_sled_log(backend: &SledBackend, tree: &sled::Tree) -> io::Result<()> {
+    if tree.is_empty() {
+        return Ok(());
+    }
+    let wal = &backend.log;
+    wal.clear()?;
+    let mut batch = Vec::new();
+    for r in tree.iter() {
+        batch.push(record(r)?);
+        if batch.len() == 1024 {
+            wal.append(&batch)?;
+            batch.clear();
+        }
+    }
+    wal.append(&batch)?;
+    wal.sync()?;
+    tracing::info!("moved the log out of sled into its own files");
+    tree.clear()?;
+    backend.sync()
 }
 
 fn index_of(k: &[u8]) -> io::Result<u64> {
@@ -428,52 +461,29 @@ fn record(r: sled::Result<(sled::IVec, sled::IVec)>) -> io::Result<(u64, Vec<u8>
 
 impl Backend for SledBackend {
     fn log_append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()> {
-        if let [(i, bytes)] = records {
-            // One record needs no batch: an insert takes sled's shared lock,
-            // which a running flush does not hold against it (a batch waits
-            // for the exclusive one until the flush ends).
-            self.log.insert(key(*i), bytes.as_slice())?;
-            return Ok(());
-        }
-        let mut batch = sled::Batch::default();
-        for (i, bytes) in records {
-            batch.insert(&key(*i), bytes.as_slice());
-        }
-        self.log.apply_batch(batch)?;
-        Ok(())
+        self.log.append(records)
     }
 
     fn log_range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {
-        if from >= to {
-            return Ok(Vec::new());
-        }
-        self.log.range(key(from)..key(to)).map(record).collect()
+        self.log.range(from, to)
     }
 
     fn log_last(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
-        self.log.last()?.map(|kv| record(Ok(kv))).transpose()
+        self.log.last()
     }
 
     fn log_first(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
-        self.log.first()?.map(|kv| record(Ok(kv))).transpose()
+        self.log.first()
     }
 
     fn log_truncate(&self, from: u64) -> io::Result<()> {
-        let mut batch = sled::Batch::default();
-        for k in self.log.range(key(from)..).keys() {
-            batch.remove(k?);
-        }
-        self.log.apply_batch(batch)?;
-        self.sync()
+        self.log.truncate(from)
     }
 
     fn log_purge(&self, upto: u64) -> io::Result<()> {
-        let mut batch = sled::Batch::default();
-        for k in self.log.range(..=key(upto)).keys() {
-            batch.remove(k?);
-        }
-        self.log.apply_batch(batch)?;
-        self.sync()
+        // The metadata written before it (the log store's purge point) first.
+        self.sync()?;
+        self.log.purge(upto)
     }
 
     fn meta_get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
@@ -489,7 +499,7 @@ impl Backend for SledBackend {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.sync()
+        self.log.sync()
     }
 
     fn meta_remove(&self, key: &str) -> io::Result<()> {

@@ -16,6 +16,7 @@ mod log_store;
 pub mod metrics;
 mod state_machine;
 mod types;
+mod wal;
 
 use std::path::Path;
 use std::sync::Arc;

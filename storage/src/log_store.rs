@@ -398,8 +398,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
+    /// The saved committed id, never past the last entry the log holds (or
+    /// its purge point): it is saved without a sync, and it can reach the
+    /// disk before the log records it covers do (they are in other files).
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
-        Ok(self.meta::<Option<LogId>>(COMMITTED_KEY)?.flatten())
+        let committed = self.meta::<Option<LogId>>(COMMITTED_KEY)?.flatten();
+        let held = match self.backend.log_last()? {
+            Some((_, bytes)) => Some(Self::decode_entry(&bytes)?.log_id),
+            None => self.last_purged()?,
+        };
+        Ok(match (committed, held) {
+            (Some(c), Some(h)) if h.index < c.index => Some(h),
+            (Some(_), None) => None,
+            (c, _) => c,
+        })
     }
 
     /// Writes the entries (readable at once) and queues their flush: the
@@ -411,16 +423,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let records = Self::encode_entries(&entries)?;
-        if records.len() == 1 {
-            // A memory insert into sled, on this task: the follower answers
-            // and the leader replicates without a thread hop.
-            self.backend.log_append(&records)?;
-        } else {
-            // Off the Raft core's task: sled's batch waits for its write
-            // lock, which a running flush holds.
-            let backend = self.backend.clone();
-            blocking(move || backend.log_append(&records)).await?;
-        }
+        // A write into the page cache, on this task (a running flush does
+        // not hold it up): the follower answers and the leader replicates
+        // without a thread hop.
+        self.backend.log_append(&records)?;
         self.tail().push(&entries);
         if let Err(mpsc::SendError(Flush::Append(callback))) =
             self.flusher.send(Flush::Append(callback))

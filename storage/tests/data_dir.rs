@@ -159,6 +159,112 @@ fn a_truncated_database_is_refused() {
     );
 }
 
+/// The log's own files cut short (a disk that lost flushed data): the
+/// committed marker tells, and the dir is refused.
+#[test]
+fn a_truncated_log_file_is_refused() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let entries: Vec<Entry> = (1..=50).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+            log.write_entries(entries).await.unwrap();
+            let committed = LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                50,
+            );
+            log.save_committed(Some(committed)).await.unwrap();
+            log.wait_flushed().await.unwrap();
+        });
+    }
+    let segment = std::fs::read_dir(dir.path().join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "seg"))
+        .expect("a log segment");
+    let len = std::fs::metadata(&segment).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    f.set_len(len / 3).unwrap();
+    drop(f);
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    assert!(err.contains("lost data"), "{err}");
+}
+
+/// The committed id is saved without a sync, in another file than the log:
+/// after a crash it can be ahead of the log's durable end. It is read back
+/// as no more than the log holds.
+#[tokio::test]
+async fn a_committed_id_ahead_of_the_log_reads_back_as_the_logs_end() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        let entries: Vec<Entry> = (1..=5).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+        log.write_entries(entries).await.unwrap();
+        let ahead = LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            9,
+        );
+        log.save_committed(Some(ahead)).await.unwrap();
+        assert_eq!(log.read_committed().await.unwrap().unwrap().index, 5);
+        log.wait_flushed().await.unwrap();
+    }
+    // The committed marker is written after the log's flush: in a crash
+    // that kept the id but not the log records, it never got written.
+    std::fs::remove_file(dir.path().join("COMMITTED")).unwrap();
+    let (mut log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    assert_eq!(log.read_committed().await.unwrap().unwrap().index, 5);
+}
+
+/// A data dir from before the log had its own files keeps its log in
+/// sled's tree `log`: it opens with every entry, moved to the files.
+#[tokio::test]
+async fn a_log_kept_in_sled_moves_to_its_own_files() {
+    let dir = TempDir::new().unwrap();
+    let entries: Vec<Entry> = (1..=30).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+    {
+        let (log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        drop(log);
+    }
+    // As the earlier layout wrote it: big-endian index keys, bincode values.
+    std::fs::remove_dir_all(dir.path().join("wal")).unwrap();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let tree = db.open_tree("log").unwrap();
+        for e in &entries {
+            let bytes = bincode::serialize(e).unwrap();
+            tree.insert(e.log_id.index.to_be_bytes(), bytes).unwrap();
+        }
+        db.flush().unwrap();
+    }
+    {
+        let (mut log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+        let back = log.try_get_log_entries(1..=30).await.unwrap();
+        assert_eq!(back.len(), 30);
+        assert_eq!(back[29].log_id, entries[29].log_id);
+        assert_eq!(log.last_index().unwrap(), 30);
+    }
+    let db = sled::open(dir.path()).unwrap();
+    assert!(
+        db.open_tree("log").unwrap().is_empty(),
+        "sled's copy is gone"
+    );
+    drop(db);
+    // And it reopens from the files alone.
+    let (mut log, _sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    assert_eq!(log.try_get_log_entries(1..=30).await.unwrap().len(), 30);
+}
+
 #[test]
 fn a_corrupted_legacy_snapshot_record_is_refused() {
     let dir = TempDir::new().unwrap();

@@ -1,0 +1,627 @@
+//! The Raft log's own append-only files: segments of checksummed records
+//! under `<data dir>/wal/`, appended with one positioned write per batch and
+//! made durable by one fdatasync per flush.
+//!
+//! sled kept the log before: its flush writes its buffer and waits for it
+//! with `sync_file_range`, and a true fsync of its file then follows, two
+//! waits on the disk per flush (150 and 100–150 µs of a 1-client put's
+//! 820 µs on the 2-core machine). Here a flush is the one fdatasync.
+//!
+//! Layout: `{first index:020}.seg` files, each a run of records
+//! `[payload length u32 LE][crc32 of index and payload u32 LE][index u64 LE]
+//! [payload]` with consecutive indexes; `purged` holds the highest purged
+//! index (absent: none). At open every segment is read and checked: a torn
+//! or corrupted record ends the last segment (it is cut there: an append
+//! that never completed its flush); anywhere else it is an error.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::backend::sync_dir;
+
+/// A segment is closed once it holds this many bytes.
+const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+const HEADER: usize = 16;
+const PURGED_FILE: &str = "purged";
+
+struct Segment {
+    first: u64,
+    file: Arc<File>,
+    /// Offset of the record `first + i`.
+    offsets: Vec<u64>,
+    /// Bytes of whole records.
+    len: u64,
+}
+
+impl Segment {
+    fn last(&self) -> Option<u64> {
+        (!self.offsets.is_empty()).then(|| self.first + self.offsets.len() as u64 - 1)
+    }
+
+    /// (offset, total length) of record `index`, which it holds.
+    fn span(&self, index: u64) -> (u64, u64) {
+        let i = (index - self.first) as usize;
+        let start = self.offsets[i];
+        let end = self.offsets.get(i + 1).copied().unwrap_or(self.len);
+        (start, end - start)
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Ascending; the last one takes appends.
+    segments: VecDeque<Segment>,
+    /// Records at or below this index are purged.
+    purged: Option<u64>,
+    /// Files written since the last sync (the active one included).
+    unsynced: Vec<Arc<File>>,
+    /// Segment files were created or removed since the last sync.
+    dir_dirty: bool,
+}
+
+impl Inner {
+    fn last(&self) -> Option<u64> {
+        self.segments.iter().rev().find_map(Segment::last)
+    }
+
+    /// The first record not purged (whole segments below the purge point
+    /// are deleted; the first one left can still hold purged records).
+    fn first(&self) -> Option<u64> {
+        let first = self
+            .segments
+            .iter()
+            .find_map(|s| (!s.offsets.is_empty()).then_some(s.first))?;
+        let first = match self.purged {
+            Some(p) if p >= first => p + 1,
+            _ => first,
+        };
+        self.last().filter(|&l| l >= first).map(|_| first)
+    }
+
+    fn mark_written(&mut self, file: &Arc<File>) {
+        if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, file)) {
+            self.unsynced.push(file.clone());
+        }
+    }
+}
+
+/// The log files of one data dir.
+pub(crate) struct Wal {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+    segment_bytes: u64,
+}
+
+fn corrupt(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+fn checksum(index: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&index.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn encode_record(out: &mut Vec<u8>, index: u64, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a log record over 4 GiB"))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&checksum(index, payload).to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(payload);
+    Ok(())
+}
+
+/// Decodes the record at the start of `buf`: (index, payload, total length),
+/// or None if it is torn or does not check.
+fn decode_record(buf: &[u8]) -> Option<(u64, &[u8], usize)> {
+    let header = buf.get(..HEADER)?;
+    let len = u32::from_le_bytes(header[0..4].try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
+    let index = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    let payload = buf.get(HEADER..HEADER + len)?;
+    (checksum(index, payload) == crc).then_some((index, payload, HEADER + len))
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}.seg")
+}
+
+impl Wal {
+    /// Opens (creating) the log files in `dir`, checking every record.
+    pub(crate) fn open(dir: &Path) -> io::Result<Wal> {
+        Self::open_with(dir, SEGMENT_BYTES)
+    }
+
+    fn open_with(dir: &Path, segment_bytes: u64) -> io::Result<Wal> {
+        std::fs::create_dir_all(dir)?;
+        let purged = match std::fs::read_to_string(dir.join(PURGED_FILE)) {
+            Ok(s) => Some(
+                s.trim()
+                    .parse::<u64>()
+                    .map_err(|_| corrupt(format!("{}: not an index", PURGED_FILE)))?,
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let mut firsts = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let name = e?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(first) = name
+                .strip_suffix(".seg")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                firsts.push(first);
+            }
+        }
+        firsts.sort_unstable();
+        let mut inner = Inner {
+            purged,
+            ..Inner::default()
+        };
+        let count = firsts.len();
+        for (n, first) in firsts.into_iter().enumerate() {
+            let path = dir.join(segment_name(first));
+            let file = OpenOptions::new().read(true).write(true).open(&path)?;
+            let data = std::fs::read(&path)?;
+            let mut seg = Segment {
+                first,
+                file: Arc::new(file),
+                offsets: Vec::new(),
+                len: 0,
+            };
+            let mut at = 0usize;
+            while at < data.len() {
+                let expected = first + seg.offsets.len() as u64;
+                match decode_record(&data[at..]) {
+                    Some((index, _, size)) if index == expected => {
+                        seg.offsets.push(at as u64);
+                        at += size;
+                    }
+                    _ if n + 1 == count => {
+                        // The tail of the last segment: an append whose
+                        // flush never completed. Cut it off.
+                        tracing::warn!(
+                            "{}: dropping an incomplete record at offset {at} (index {expected})",
+                            path.display()
+                        );
+                        seg.file.set_len(at as u64)?;
+                        seg.file.sync_data()?;
+                        break;
+                    }
+                    _ => {
+                        return Err(corrupt(format!(
+                            "{}: record {expected} at offset {at} is corrupted",
+                            path.display()
+                        )))
+                    }
+                }
+            }
+            seg.len = at as u64;
+            if let (Some(prev), Some(_)) = (inner.last(), seg.last()) {
+                if first != prev + 1 {
+                    return Err(corrupt(format!(
+                        "{}: starts at {first}, the segment before ends at {prev}",
+                        path.display()
+                    )));
+                }
+            }
+            inner.segments.push_back(seg);
+        }
+        let wal = Wal {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(inner),
+            segment_bytes,
+        };
+        if let Some(upto) = purged {
+            // A purge whose segment removal a crash interrupted.
+            let mut g = wal.lock();
+            wal.drop_purged(&mut g, upto)?;
+            drop(g);
+            wal.sync()?;
+        }
+        Ok(wal)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether it holds no record.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().last().is_none()
+    }
+
+    fn new_segment(&self, g: &mut Inner, first: u64) -> io::Result<()> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.dir.join(segment_name(first)))?;
+        g.segments.push_back(Segment {
+            first,
+            file: Arc::new(file),
+            offsets: Vec::new(),
+            len: 0,
+        });
+        g.dir_dirty = true;
+        Ok(())
+    }
+
+    /// Appends `(index, payload)` records, readable when it returns,
+    /// durable after the next [`Wal::sync`]. Each index follows the last
+    /// one; an index at or below the last replaces the records from it on
+    /// (as a truncation would); a gap is refused.
+    pub(crate) fn append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()> {
+        let mut g = self.lock();
+        let mut buf = Vec::new();
+        for (index, payload) in records {
+            let index = *index;
+            if g.purged.is_some_and(|p| index <= p) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("log append at {index}, at or below the purge point"),
+                ));
+            }
+            match g.last() {
+                Some(last) if index <= last => self.truncate_locked(&mut g, index)?,
+                Some(last) if index != last + 1 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("log append at {index} leaves a gap after {last}"),
+                    ))
+                }
+                _ => {}
+            }
+            let needs_new = match g.segments.back() {
+                None => true,
+                Some(s) => {
+                    s.len + buf.len() as u64 >= self.segment_bytes
+                        || (s.offsets.is_empty() && s.first != index)
+                }
+            };
+            if needs_new {
+                self.write_buf(&mut g, &mut buf)?;
+                if let Some(s) = g.segments.back().filter(|s| s.offsets.is_empty()) {
+                    // An empty segment named for another index: replace it.
+                    let first = s.first;
+                    g.segments.pop_back();
+                    std::fs::remove_file(self.dir.join(segment_name(first)))?;
+                }
+                self.new_segment(&mut g, index)?;
+            }
+            let seg = g.segments.back_mut().expect("a segment to append to");
+            seg.offsets.push(seg.len + buf.len() as u64);
+            encode_record(&mut buf, index, payload)?;
+        }
+        self.write_buf(&mut g, &mut buf)
+    }
+
+    /// Writes `buf` at the end of the active segment (whose offsets already
+    /// name its records).
+    fn write_buf(&self, g: &mut Inner, buf: &mut Vec<u8>) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let seg = g.segments.back_mut().expect("records have a segment");
+        let written = seg.file.write_all_at(buf, seg.len);
+        if let Err(e) = written {
+            // Forget the records that did not make it.
+            let len = seg.len;
+            seg.offsets.retain(|&o| o < len);
+            return Err(e);
+        }
+        seg.len += buf.len() as u64;
+        let file = seg.file.clone();
+        g.mark_written(&file);
+        buf.clear();
+        Ok(())
+    }
+
+    /// Makes every record appended so far durable.
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        let (files, dir_dirty) = {
+            let mut g = self.lock();
+            let dir_dirty = std::mem::take(&mut g.dir_dirty);
+            (std::mem::take(&mut g.unsynced), dir_dirty)
+        };
+        let synced = files.iter().try_for_each(|f| f.sync_data());
+        let synced = synced.and_then(|()| {
+            if dir_dirty {
+                sync_dir(&self.dir)
+            } else {
+                Ok(())
+            }
+        });
+        if synced.is_err() {
+            // Not durable: the next sync tries again.
+            let mut g = self.lock();
+            g.dir_dirty |= dir_dirty;
+            for f in &files {
+                g.mark_written(f);
+            }
+        }
+        synced
+    }
+
+    /// Records `from <= index < to`, ascending.
+    pub(crate) fn range(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        let mut spans = Vec::new();
+        {
+            let g = self.lock();
+            let from = g.first().map_or(from, |f| from.max(f));
+            for seg in &g.segments {
+                let Some(last) = seg.last() else { continue };
+                if last < from || seg.first >= to {
+                    continue;
+                }
+                let (lo, hi) = (from.max(seg.first), to.min(last + 1));
+                if lo >= hi {
+                    continue;
+                }
+                let (start, _) = seg.span(lo);
+                let (end_start, end_len) = seg.span(hi - 1);
+                spans.push((seg.file.clone(), lo, hi, start, end_start + end_len));
+            }
+        }
+        let mut out = Vec::new();
+        for (file, lo, hi, start, end) in spans {
+            let mut data = vec![0u8; (end - start) as usize];
+            file.read_exact_at(&mut data, start)?;
+            let mut at = 0;
+            for expected in lo..hi {
+                match decode_record(&data[at..]) {
+                    Some((index, payload, size)) if index == expected => {
+                        out.push((index, payload.to_vec()));
+                        at += size;
+                    }
+                    _ => {
+                        return Err(corrupt(format!(
+                            "log record {expected} does not check (offset {})",
+                            start + at as u64
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first record, if any.
+    pub(crate) fn first(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
+        let Some(first) = self.lock().first() else {
+            return Ok(None);
+        };
+        Ok(self.range(first, first + 1)?.pop())
+    }
+
+    /// The last record, if any.
+    pub(crate) fn last(&self) -> io::Result<Option<(u64, Vec<u8>)>> {
+        let Some(last) = self.lock().last() else {
+            return Ok(None);
+        };
+        Ok(self.range(last, last + 1)?.pop())
+    }
+
+    /// Removes records `index >= from` from memory and the files (not synced).
+    fn truncate_locked(&self, g: &mut Inner, from: u64) -> io::Result<()> {
+        while let Some(seg) = g.segments.back_mut() {
+            if seg.first >= from {
+                let first = seg.first;
+                g.segments.pop_back();
+                std::fs::remove_file(self.dir.join(segment_name(first)))?;
+                g.dir_dirty = true;
+                continue;
+            }
+            if seg.last().is_some_and(|l| l >= from) {
+                let (start, _) = seg.span(from);
+                seg.file.set_len(start)?;
+                seg.offsets.truncate((from - seg.first) as usize);
+                seg.len = start;
+                let file = seg.file.clone();
+                g.mark_written(&file);
+            }
+            break;
+        }
+        Ok(())
+    }
+
+    /// Removes every record `index >= from`, durably.
+    pub(crate) fn truncate(&self, from: u64) -> io::Result<()> {
+        {
+            let mut g = self.lock();
+            self.truncate_locked(&mut g, from)?;
+        }
+        self.sync()
+    }
+
+    /// Removes every record and the purge point, durably.
+    pub(crate) fn clear(&self) -> io::Result<()> {
+        {
+            let mut g = self.lock();
+            self.truncate_locked(&mut g, 0)?;
+            match std::fs::remove_file(self.dir.join(PURGED_FILE)) {
+                Ok(()) => g.dir_dirty = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            g.purged = None;
+        }
+        self.sync()
+    }
+
+    /// Drops whole segments at or below `upto` (the purge point is noted).
+    fn drop_purged(&self, g: &mut Inner, upto: u64) -> io::Result<()> {
+        while let Some(seg) = g.segments.front() {
+            if seg.last().is_some_and(|l| l > upto) {
+                break;
+            }
+            if seg.last().is_none() && g.segments.len() == 1 && seg.first > upto {
+                break;
+            }
+            let first = seg.first;
+            g.segments.pop_front();
+            std::fs::remove_file(self.dir.join(segment_name(first)))?;
+            g.dir_dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Removes every record `index <= upto`, durably: the purge point is
+    /// written first, then the segments it covers whole are deleted.
+    pub(crate) fn purge(&self, upto: u64) -> io::Result<()> {
+        let mut g = self.lock();
+        if g.purged.is_some_and(|p| p >= upto) {
+            return Ok(());
+        }
+        let tmp = self.dir.join(format!("{PURGED_FILE}.tmp"));
+        std::fs::write(&tmp, upto.to_string())?;
+        File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(PURGED_FILE))?;
+        sync_dir(&self.dir)?;
+        // Records of a segment that stays are hidden by `Inner::first`.
+        g.purged = Some(upto);
+        self.drop_purged(&mut g, upto)?;
+        drop(g);
+        self.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(i: u64) -> (u64, Vec<u8>) {
+        (i, format!("record {i}").into_bytes())
+    }
+
+    fn indexes(w: &Wal, from: u64, to: u64) -> Vec<u64> {
+        w.range(from, to)
+            .unwrap()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    fn segments(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".seg")
+            })
+            .count()
+    }
+
+    #[test]
+    fn records_come_back_across_segments_and_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Wal::open_with(dir.path(), 64).unwrap();
+        assert!(w.is_empty());
+        for i in 0..10 {
+            w.append(&[rec(i)]).unwrap();
+        }
+        w.append(&[rec(10), rec(11), rec(12)]).unwrap();
+        w.sync().unwrap();
+        assert!(segments(dir.path()) > 2);
+        assert_eq!(w.range(3, 5).unwrap(), vec![rec(3), rec(4)]);
+        assert_eq!(indexes(&w, 0, 100), (0..13).collect::<Vec<_>>());
+        drop(w);
+        let w = Wal::open_with(dir.path(), 64).unwrap();
+        assert_eq!(w.first().unwrap(), Some(rec(0)));
+        assert_eq!(w.last().unwrap(), Some(rec(12)));
+        assert_eq!(
+            w.range(0, 13).unwrap(),
+            (0..13).map(rec).collect::<Vec<_>>()
+        );
+        assert!(w.range(5, 5).unwrap().is_empty());
+    }
+
+    #[test]
+    fn truncation_and_an_overlapping_append_replace_the_tail_and_a_gap_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Wal::open_with(dir.path(), 64).unwrap();
+        w.append(&(1..=9).map(rec).collect::<Vec<_>>()).unwrap();
+        w.truncate(6).unwrap();
+        assert_eq!(indexes(&w, 0, 100), (1..=5).collect::<Vec<_>>());
+        // An append at 4 replaces 4 and 5.
+        w.append(&[(4, b"new 4".to_vec())]).unwrap();
+        assert_eq!(w.last().unwrap(), Some((4, b"new 4".to_vec())));
+        let e = w.append(&[rec(6)]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open_with(dir.path(), 64).unwrap();
+        assert_eq!(indexes(&w, 0, 100), vec![1, 2, 3, 4]);
+        w.truncate(0).unwrap();
+        assert!(w.is_empty());
+        // An empty log starts anywhere.
+        w.append(&[rec(40)]).unwrap();
+        assert_eq!(indexes(&w, 0, 100), vec![40]);
+    }
+
+    #[test]
+    fn a_purge_hides_and_deletes_records_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Wal::open_with(dir.path(), 64).unwrap();
+        w.append(&(0..20).map(rec).collect::<Vec<_>>()).unwrap();
+        let before = segments(dir.path());
+        w.purge(12).unwrap();
+        assert!(segments(dir.path()) < before);
+        assert_eq!(w.first().unwrap(), Some(rec(13)));
+        assert_eq!(indexes(&w, 0, 100), (13..20).collect::<Vec<_>>());
+        let e = w.append(&[rec(12)]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        drop(w);
+        let w = Wal::open_with(dir.path(), 64).unwrap();
+        assert_eq!(w.first().unwrap(), Some(rec(13)));
+        // Everything purged: the next append may start past the purge point.
+        w.purge(19).unwrap();
+        assert!(w.is_empty());
+        w.append(&[rec(30)]).unwrap();
+        assert_eq!(indexes(&w, 0, 100), vec![30]);
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_damage_before_it_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        w.append(&(0..3).map(rec).collect::<Vec<_>>()).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let seg = dir.path().join(segment_name(0));
+        let len = std::fs::metadata(&seg).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.set_len(len - 3).unwrap();
+        drop(f);
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&w, 0, 100), vec![0, 1]);
+        w.append(&[rec(2), rec(3)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        // A flipped byte in a segment that is not the last one.
+        let w = Wal::open_with(dir.path(), 1).unwrap();
+        w.append(&[rec(4)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let mut data = std::fs::read(&seg).unwrap();
+        data[HEADER + 2] ^= 0xff;
+        std::fs::write(&seg, data).unwrap();
+        let e = Wal::open_with(dir.path(), 1).err().expect("refused");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("record 0"), "{e}");
+    }
+}
