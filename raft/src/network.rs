@@ -237,7 +237,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             client,
             contact: self.contact.clone(),
             token: self.token.clone(),
-            unary_only: false,
+            unary_only: Arc::default(),
         }
     }
 }
@@ -250,7 +250,7 @@ pub struct PeerConnection {
     token: PeerToken,
     /// The peer answered `AppendStream` with UNIMPLEMENTED (a build from
     /// before it): replicate to it with unary calls.
-    unary_only: bool,
+    unary_only: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What openraft's `stream_append` hands back.
@@ -390,27 +390,23 @@ impl PeerConnection {
         self.token.attach(&mut request);
         let answers = match tokio::time::timeout(ttl, client.append_stream(request)).await {
             Err(_) => return Err(overdue("opening the append stream", ttl)),
-            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                tracing::warn!(
-                    target_node = self.target,
-                    "the peer has no AppendStream (an older build): unary AppendEntries to it"
-                );
-                self.unary_only = true;
-                return Err(status_error(&s));
-            }
-            Ok(Err(s)) => return Err(status_error(&s)),
+            Ok(Err(s)) => return Err(self.refused(&s)),
             Ok(Ok(r)) => r.into_inner(),
         };
         let (target, contact) = (self.target, self.contact.clone());
+        let unary_only = self.unary_only.clone();
         let answers = stream::unfold(Some(answers), move |state| {
             let (unanswered, contact) = (unanswered.clone(), contact.clone());
+            let unary_only = unary_only.clone();
             async move {
                 let mut answers = state?;
                 let payload = loop {
                     match tokio::time::timeout(ttl, answers.message()).await {
                         Ok(Ok(Some(p))) => break p,
                         Ok(Ok(None)) => return None,
-                        Ok(Err(s)) => return Some((Err(status_error(&s)), None)),
+                        Ok(Err(s)) => {
+                            return Some((Err(stream_refused(target, &unary_only, &s)), None))
+                        }
                         Err(_) => {
                             let late = lock(&unanswered)
                                 .front()
@@ -441,6 +437,30 @@ impl PeerConnection {
     }
 }
 
+impl PeerConnection {
+    fn refused(&self, s: &Status) -> RPCError<TypeConfig> {
+        stream_refused(self.target, &self.unary_only, s)
+    }
+}
+
+/// An `AppendStream` that failed with `s`; a peer without it (UNIMPLEMENTED:
+/// an older build) gets unary AppendEntries from then on.
+fn stream_refused(
+    target: NodeId,
+    unary_only: &std::sync::atomic::AtomicBool,
+    s: &Status,
+) -> RPCError<TypeConfig> {
+    if s.code() == tonic::Code::Unimplemented
+        && !unary_only.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        tracing::warn!(
+            target_node = target,
+            "the peer has no AppendStream (an older build): unary AppendEntries to it"
+        );
+    }
+    status_error(s)
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerConnection {
     type SnapshotData = SnapshotData;
 
@@ -469,7 +489,8 @@ impl RaftNetworkV2<TypeConfig> for PeerConnection {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
         // One frame (a heartbeat): a unary call costs what a stream's setup does.
-        if self.unary_only || input.size_hint().1 == Some(1) {
+        let unary_only = self.unary_only.load(std::sync::atomic::Ordering::Relaxed);
+        if unary_only || input.size_hint().1 == Some(1) {
             return stream_append_sequential(self, input, option);
         }
         Box::pin(async move {
@@ -760,5 +781,101 @@ mod tests {
         // candidate log: that candidate or a later one can win.
         assert!(!campaign_after_refusal(&req(10), &resp(false, 10), true));
         assert!(!campaign_after_refusal(&req(11), &resp(false, 10), true));
+    }
+
+    /// A peer of an older build: its RaftPeer has no AppendStream.
+    struct OldPeer {
+        appends: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl RaftPeer for OldPeer {
+        async fn append_entries(
+            &self,
+            req: Request<RaftPayload>,
+        ) -> Result<Response<RaftPayload>, Status> {
+            let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
+            self.appends
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let reply: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> =
+                Ok(AppendEntriesResponse::Success);
+            let _ = rpc;
+            encode(&reply)
+        }
+        type AppendStreamStream = AnswerStream;
+        async fn append_stream(
+            &self,
+            _: Request<tonic::Streaming<AppendFrame>>,
+        ) -> Result<Response<AnswerStream>, Status> {
+            Err(Status::unimplemented("not in this build"))
+        }
+        async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not used"))
+        }
+        async fn install_snapshot(
+            &self,
+            _: Request<RaftPayload>,
+        ) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not used"))
+        }
+    }
+
+    fn heartbeat() -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new(3, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: vec![],
+        }
+    }
+
+    /// Against a peer without AppendStream the first stream fails with
+    /// UNIMPLEMENTED, and every later one goes out as unary AppendEntries.
+    #[tokio::test]
+    async fn a_peer_without_the_append_stream_gets_unary_calls() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftPeerServer::new(OldPeer {
+                    appends: appends.clone(),
+                }))
+                .serve_with_incoming(tokio_stream_of(listener)),
+        );
+        let mut factory = PeerNetwork::new(
+            Channels::new(),
+            1 << 20,
+            Arc::new(Contact::new(1)),
+            PeerToken::default(),
+        );
+        let mut conn = factory.new_client(2, &Node::new(addr)).await;
+        let option = RPCOption::new(Duration::from_secs(5));
+        // An endless stream (as replication's): opened as an AppendStream.
+        let input = || stream::iter([heartbeat(), heartbeat()]).chain(stream::pending());
+        let refused = conn.stream_append(input(), option.clone()).await.is_err();
+        assert!(refused, "the old peer refuses the stream");
+        assert_eq!(appends.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let mut answers = conn.stream_append(input(), option).await.unwrap();
+        for _ in 0..2 {
+            let answer = answers
+                .next()
+                .await
+                .expect("an answer")
+                .expect("no RPC error");
+            assert_eq!(answer, Ok(None));
+        }
+        drop(answers);
+        assert_eq!(appends.load(std::sync::atomic::Ordering::SeqCst), 2);
+        server.abort();
+    }
+
+    fn tokio_stream_of(
+        l: tokio::net::TcpListener,
+    ) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+        stream::unfold(l, |l| async move {
+            let conn = l.accept().await.map(|(s, _)| s);
+            Some((conn, l))
+        })
     }
 }
