@@ -86,18 +86,36 @@ impl Role {
 }
 
 /// Triggers a snapshot whenever `limit` bytes of log payload were applied
-/// since the last one (openraft's own policy counts entries only, and a
-/// batched entry can carry megabytes). While a build runs, openraft ignores
-/// the trigger.
+/// since the last one, or as many as the last snapshot holds if that is
+/// more (openraft's own policy counts entries only, and a batched entry can
+/// carry megabytes). While a build runs, openraft ignores the trigger.
 async fn snapshot_by_bytes(raft: Raft, state: StateHandle, limit: u64) {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if state.log_bytes_since_snapshot() >= limit && raft.trigger().snapshot().await.is_err() {
+        let due = snapshot_due(
+            state.log_bytes_since_snapshot(),
+            limit,
+            state.last_snapshot_bytes(),
+        );
+        if due && raft.trigger().snapshot().await.is_err() {
             return;
         }
     }
+}
+
+/// Whether `log_bytes` of log since the last snapshot call for the next
+/// one: at least `floor`, and at least the last snapshot's size. Every
+/// snapshot encodes the whole state under a lock that applies wait for;
+/// with a fixed interval its cost per written byte grows with the state,
+/// here it stays at most one byte of snapshot per byte of log (the rule of
+/// Redis's AOF rewrite at 100%). The log kept for it lives in the log files
+/// and the page cache, not in the process (the in-memory tail is bounded on
+/// its own), and replaying it at start costs about what loading a snapshot
+/// of that size does.
+fn snapshot_due(log_bytes: u64, floor: u64, last_snapshot: u64) -> bool {
+    log_bytes >= floor.max(last_snapshot)
 }
 
 /// Keeps `contact`'s voter set in step with the membership.
@@ -443,5 +461,22 @@ impl RaftNode {
     /// Stops openraft.
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::snapshot_due;
+
+    #[test]
+    fn a_snapshot_is_due_after_the_floor_or_the_last_snapshots_size_whichever_is_more() {
+        // A small state: the floor decides.
+        assert!(!snapshot_due((8 << 20) - 1, 8 << 20, 1 << 20));
+        assert!(snapshot_due(8 << 20, 8 << 20, 1 << 20));
+        // A state bigger than the floor: as much log as the last snapshot.
+        assert!(!snapshot_due(8 << 20, 8 << 20, 40 << 20));
+        assert!(snapshot_due(40 << 20, 8 << 20, 40 << 20));
+        // No snapshot yet.
+        assert!(snapshot_due(8 << 20, 8 << 20, 0));
     }
 }

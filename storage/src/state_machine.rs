@@ -50,6 +50,8 @@ struct Shared {
     applied: watch::Sender<u64>,
     /// Encoded log payload bytes applied since the last snapshot began.
     log_bytes: AtomicU64,
+    /// Encoded size of the newest snapshot (built, installed or loaded).
+    snapshot_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -107,6 +109,11 @@ impl StateHandle {
     pub fn log_bytes_since_snapshot(&self) -> u64 {
         self.0.log_bytes.load(Ordering::Relaxed)
     }
+
+    /// Encoded size of the newest snapshot (0: none yet).
+    pub fn last_snapshot_bytes(&self) -> u64 {
+        self.0.snapshot_bytes.load(Ordering::Relaxed)
+    }
 }
 
 /// The state machine of one node.
@@ -122,6 +129,7 @@ impl StateMachine {
     pub(crate) fn open(backend: Arc<dyn Backend>) -> Result<Self, String> {
         let mut data = SmData::default();
         let stored = load_snapshot(backend.as_ref())?;
+        let snapshot_bytes = stored.as_ref().map_or(0, |s| s.data.len() as u64);
         if let Some(stored) = &stored {
             data.state = State::decode_snapshot(&stored.data)
                 .map_err(|e| format!("the snapshot is corrupted: {e}"))?;
@@ -135,6 +143,7 @@ impl StateMachine {
                 data: RwLock::new(data),
                 applied: tx,
                 log_bytes: AtomicU64::new(0),
+                snapshot_bytes: AtomicU64::new(snapshot_bytes),
             }),
             backend,
             stored: Arc::new(Mutex::new(stored.and_then(|s| s.meta.last_log_id))),
@@ -404,6 +413,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let staged = stage_snapshot(self.backend.as_ref(), &meta, &d.state);
         drop(d);
+        if let Ok(len) = &staged {
+            self.shared.snapshot_bytes.store(*len, Ordering::Relaxed);
+        }
         SnapshotBuilder {
             meta,
             staged: Some(staged),
@@ -418,6 +430,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: SnapshotData,
     ) -> std::io::Result<()> {
         let data = snapshot.into_inner();
+        let len = data.len() as u64;
         let state = State::decode_snapshot(&data)
             .map_err(|e| io_err("decoding the snapshot from the leader", e))?;
         let meta_bytes = encode(meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
@@ -430,6 +443,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         )
         .await?;
         self.shared.log_bytes.store(0, Ordering::Relaxed);
+        self.shared.snapshot_bytes.store(len, Ordering::Relaxed);
         tracing::warn!(last_log_id = ?meta.last_log_id, "installing a snapshot");
         let index = {
             let mut d = self.shared.write();
