@@ -61,8 +61,11 @@ pub struct LogStore {
 
 /// Most entries the in-memory tail keeps.
 const TAIL_MAX_ENTRIES: usize = 4096;
-/// Most payload bytes the in-memory tail keeps.
-const TAIL_MAX_BYTES: usize = 32 << 20;
+/// Most payload bytes the in-memory tail keeps: it serves replication
+/// reads of the newest entries; older ones come from the log files (the
+/// page cache). Snapshots purge it, but a state larger than the snapshot
+/// interval spaces them out, so the bound is what holds it.
+const TAIL_MAX_BYTES: usize = 8 << 20;
 
 /// The newest appended entries, contiguous, as appended: replication reads
 /// what was just appended from here, without a disk read and a decode per
