@@ -100,6 +100,12 @@ fn corrupt(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
+/// Records to write with no segment to take them (never: a segment is
+/// opened before its first record); an error, not a panic, if it happens.
+fn no_segment() -> io::Error {
+    io::Error::other("the log has no segment to write to")
+}
+
 fn checksum(index: u64, payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&index.to_le_bytes());
@@ -297,7 +303,7 @@ impl Wal {
                 }
                 self.new_segment(&mut g, index)?;
             }
-            let seg = g.segments.back_mut().expect("a segment to append to");
+            let seg = g.segments.back_mut().ok_or_else(no_segment)?;
             seg.offsets.push(seg.len + buf.len() as u64);
             encode_record(&mut buf, index, payload)?;
         }
@@ -310,7 +316,7 @@ impl Wal {
         if buf.is_empty() {
             return Ok(());
         }
-        let seg = g.segments.back_mut().expect("records have a segment");
+        let seg = g.segments.back_mut().ok_or_else(no_segment)?;
         let written = seg.file.write_all_at(buf, seg.len);
         if let Err(e) = written {
             // Forget the records that did not make it.
