@@ -467,6 +467,76 @@ impl RaftNode {
 #[cfg(test)]
 mod tests {
     use super::snapshot_due;
+    use super::{NodeConfig, ProposeError, RaftNode, RaftSettings};
+    use journal::pb::{coordination::KvIncrement, update::Command};
+    use journal::Update;
+    use std::time::Duration;
+
+    fn increment(key: &str) -> Update {
+        Update::from(Command::from(KvIncrement {
+            key: key.into(),
+            increment: 1,
+        }))
+    }
+
+    /// The write batcher packs concurrent proposals into shared entries and
+    /// answers each caller with its own outcome once applied; once Raft is
+    /// shut down a proposal gets an error instead of waiting forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn proposals_are_answered_once_applied_and_refused_after_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = RaftNode::start(NodeConfig {
+            node_id: 1,
+            address: "127.0.0.1:1".into(),
+            data_dir: dir.path().to_path_buf(),
+            cluster_id: "test".into(),
+            cache_bytes: 1 << 20,
+            settings: RaftSettings::default(),
+            peer_overrides: Default::default(),
+            peer_token: None,
+            peer_tls: None,
+        })
+        .await
+        .unwrap();
+        node.bootstrap(&[(1, "127.0.0.1:1".to_string())].into())
+            .await
+            .unwrap();
+        // A single voter elects itself at once; wait for that, bounded.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            match node.propose(increment("n")).await {
+                Ok(a) => break a,
+                Err(ProposeError::NotLeader { .. } | ProposeError::Unavailable(_))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("no leader within 30 s: {e}"),
+            }
+        };
+        assert_eq!(first.outcome.incremented(), Some(1));
+        let calls = (0..64).map(|_| {
+            let node = node.clone();
+            tokio::spawn(async move { node.propose(increment("n")).await })
+        });
+        let mut values = Vec::new();
+        for call in calls.collect::<Vec<_>>() {
+            let applied = call.await.unwrap().expect("applied");
+            assert!(applied.log_index > first.log_index);
+            values.push(applied.outcome.incremented().expect("a value"));
+        }
+        values.sort();
+        assert_eq!(
+            values,
+            (2..=65).collect::<Vec<i64>>(),
+            "each caller its own outcome"
+        );
+        node.shutdown().await;
+        let after = tokio::time::timeout(Duration::from_secs(10), node.propose(increment("n")))
+            .await
+            .expect("answered, not left waiting");
+        assert!(matches!(after, Err(ProposeError::Fatal(_))), "{after:?}");
+    }
 
     #[test]
     fn a_snapshot_is_due_after_the_floor_or_the_last_snapshots_size_whichever_is_more() {
