@@ -106,6 +106,10 @@ pub struct ServeOptions {
     /// Log entries kept behind a snapshot [default: 100]
     #[arg(long)]
     pub keep_behind_snapshot: Option<u64>,
+    /// Write batches handed to Raft before the earlier ones are applied
+    /// (group commit: updates queued meanwhile share the next entry) [default: 2]
+    #[arg(long)]
+    pub max_inflight_batches: Option<usize>,
     /// Raft heartbeat interval [default: 100]
     #[arg(long)]
     pub raft_heartbeat_ms: Option<u64>,
@@ -380,6 +384,7 @@ impl ServeOptions {
             snapshot_every,
             snapshot_log_bytes,
             keep_behind_snapshot,
+            max_inflight_batches,
             raft_heartbeat_ms,
             election_timeout_ms,
             leader_wait_ms,
@@ -493,6 +498,9 @@ impl ServeOptions {
         }
         if let Some(v) = self.keep_behind_snapshot {
             raft.keep_entries_behind_snapshot = v;
+        }
+        if let Some(v) = self.max_inflight_batches {
+            raft.max_inflight_batches = v.max(1);
         }
         if let Some(v) = self.raft_heartbeat_ms {
             raft.heartbeat_interval_ms = v;
@@ -671,6 +679,23 @@ mod tests {
         let mut o = opts();
         o.cluster = Some("2=a:1".into());
         assert!(o.resolve().unwrap_err().contains("does not list this node"));
+    }
+
+    #[test]
+    fn raft_tuning_reaches_the_raft_settings() {
+        assert_eq!(opts().resolve().unwrap().raft.max_inflight_batches, 2);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "max_inflight_batches = 8\nsnapshot_log_bytes = 0\n").unwrap();
+        let mut o = opts();
+        o.config = Some(file);
+        let c = o.resolve().unwrap();
+        assert_eq!(c.raft.max_inflight_batches, 8);
+        assert_eq!(c.raft.snapshot_log_bytes, 0);
+        // None in flight would never propose: at least one.
+        let mut o = opts();
+        o.max_inflight_batches = Some(0);
+        assert_eq!(o.resolve().unwrap().raft.max_inflight_batches, 1);
     }
 
     #[test]
