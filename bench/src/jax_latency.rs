@@ -19,7 +19,7 @@ pub struct PeerLatency {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/jax_latency.py")
+    crate::workspace().join("bench/python/jax_latency.py")
 }
 
 fn measure(target: &[&str], iterations: usize) -> anyhow::Result<Value> {

@@ -26,12 +26,9 @@ use std::path::PathBuf;
 /// the generator share the machine's cores).
 pub const WORKER_THREADS: usize = 2;
 
-/// The workspace root.
+/// The workspace root (`COORDSTORE_WORKSPACE` overrides it).
 pub fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    coordstore_tests::workspace()
 }
 
 /// What `scripts/setup-bench.sh` provides.

@@ -53,12 +53,18 @@ impl Machine {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let commit = std::process::Command::new("git")
-            .args(["rev-parse", "--short", "HEAD"])
-            .current_dir(crate::workspace())
-            .output()
+        // A pack of scripts/bench-pack.sh names its commit in COMMIT.
+        let commit = std::fs::read_to_string(crate::workspace().join("COMMIT"))
             .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .or_else(|| {
+                std::process::Command::new("git")
+                    .args(["rev-parse", "--short", "HEAD"])
+                    .current_dir(crate::workspace())
+                    .output()
+                    .ok()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            })
+            .map(|c| c.trim().to_string())
             .unwrap_or_default();
         Machine {
             cpu,

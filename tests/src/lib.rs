@@ -24,6 +24,20 @@ use proto::coordstore::{
 };
 use tonic::transport::Channel;
 
+/// The workspace root: `COORDSTORE_WORKSPACE`, else where this crate was
+/// built from. A copy of the files the benchmark reads (scripts/,
+/// tests/python/, bench/python/, target/etcd) can stand in for it on a
+/// machine without the source tree (`scripts/bench-pack.sh`).
+pub fn workspace() -> PathBuf {
+    if let Some(p) = std::env::var_os("COORDSTORE_WORKSPACE") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
 /// The `coordstore` binary of this build (`COORDSTORE_BIN`, or next to the
 /// running executable or its `deps/` folder). `cargo test --workspace` builds it.
 pub fn coordstore_bin() -> PathBuf {
@@ -723,12 +737,7 @@ pub mod jax {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    fn workspace() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("workspace root")
-            .to_path_buf()
-    }
+    use super::workspace;
 
     /// The Python 3.12 of the jaxlib venv made by `scripts/setup-jax.sh`
     /// (or `COORDSTORE_JAX_PYTHON`).
