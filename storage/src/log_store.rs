@@ -50,6 +50,17 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
     }
 }
 
+/// Runs `f`, long CPU or disk work that must stay on this task (it borrows
+/// what the task holds), without stalling the runtime: on a multi-threaded
+/// runtime the worker's other tasks move to another thread first (a node
+/// may run a single worker, see the service's `--worker-threads`).
+pub(crate) fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The log store of one node. Clones share the same backend, flusher and
 /// tail.
 #[derive(Clone)]
@@ -465,6 +476,38 @@ mod tests {
     use super::*;
     use crate::types::{LeaderId, Proposal};
     use journal::pb::{coordination::KvInsert, update::Command as Cmd, UpdateBatch};
+
+    /// On a runtime of one worker, a task busy in `in_place` (a snapshot
+    /// being encoded) leaves the worker to the others: here the task it
+    /// waits for runs meanwhile. Without it the two would wait on each
+    /// other until the deadline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn work_in_place_leaves_the_runtime_to_other_tasks() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let flag = Arc::new(AtomicBool::new(false));
+        let (started, running) = tokio::sync::oneshot::channel();
+        let seen = flag.clone();
+        let busy = tokio::spawn(async move {
+            in_place(move || {
+                let _ = started.send(());
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !seen.load(SeqCst) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                seen.load(SeqCst)
+            })
+        });
+        running.await.unwrap();
+        tokio::spawn(async move { flag.store(true, SeqCst) });
+        assert!(busy.await.unwrap(), "the other task never ran");
+    }
+
+    /// Outside a multi-threaded runtime the work just runs.
+    #[tokio::test(flavor = "current_thread")]
+    async fn work_in_place_runs_on_a_current_thread_runtime() {
+        assert_eq!(in_place(|| 7), 7);
+        assert_eq!(std::thread::spawn(|| in_place(|| 8)).join().unwrap(), 8);
+    }
 
     fn entry(index: u64) -> Entry {
         Entry {

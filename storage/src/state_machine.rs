@@ -6,7 +6,8 @@
 //! builder (serialised with `apply`, so it is a point-in-time view without a
 //! copy of the state), straight into a staged file of its own in pieces of
 //! 64 KiB (not into sled, whose cache would keep it; never whole in memory:
-//! the fresh pages of a buffer that size cost as much as the encoding). The
+//! the fresh pages of a buffer that size cost as much as the encoding),
+//! with the worker's other tasks moved to another thread meanwhile. The
 //! builder then makes the file durable and puts it in place, off the apply
 //! path. The log bytes applied since the last snapshot are counted, so that
 //! the node can also snapshot by log size.
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::backend::Backend;
-use crate::log_store::{blocking, decode, encode, io_err};
+use crate::log_store::{blocking, decode, encode, in_place, io_err};
 use crate::types::{
     LogId, Outcomes, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -93,16 +94,18 @@ impl StateHandle {
     /// The state's snapshot encoding and the log index it was applied up
     /// to, read together.
     pub fn encode_snapshot(&self) -> (Vec<u8>, u64) {
-        let d = self.0.read();
-        (
-            d.state.encode_snapshot(),
-            d.last_applied.map_or(0, |l| l.index),
-        )
+        in_place(|| {
+            let d = self.0.read();
+            (
+                d.state.encode_snapshot(),
+                d.last_applied.map_or(0, |l| l.index),
+            )
+        })
     }
 
     /// The digest of the current state.
     pub fn digest_hex(&self) -> String {
-        self.read(|s| s.digest_hex())
+        in_place(|| self.read(|s| s.digest_hex()))
     }
 
     /// Bytes of log payload applied since the last snapshot was started.
@@ -411,7 +414,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last_log_id: d.last_applied,
             last_membership: d.membership.clone(),
         };
-        let staged = stage_snapshot(self.backend.as_ref(), &meta, &d.state);
+        let staged = in_place(|| stage_snapshot(self.backend.as_ref(), &meta, &d.state));
         drop(d);
         if let Ok(len) = &staged {
             self.shared.snapshot_bytes.store(*len, Ordering::Relaxed);
@@ -431,7 +434,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> std::io::Result<()> {
         let data = snapshot.into_inner();
         let len = data.len() as u64;
-        let state = State::decode_snapshot(&data)
+        let state = in_place(|| State::decode_snapshot(&data))
             .map_err(|e| io_err("decoding the snapshot from the leader", e))?;
         let meta_bytes = encode(meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
         replace_snapshot(
