@@ -110,6 +110,12 @@ pub struct ServeOptions {
     /// (group commit: updates queued meanwhile share the next entry) [default: 2]
     #[arg(long)]
     pub max_inflight_batches: Option<usize>,
+    /// Threads of the node's async runtime (gRPC serving, Raft, applies);
+    /// the log flusher and blocking work have threads of their own. Caps
+    /// the node's CPUs beside ML tasks or other nodes on the same host
+    /// [default: one per CPU]
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
     /// Raft heartbeat interval [default: 100]
     #[arg(long)]
     pub raft_heartbeat_ms: Option<u64>,
@@ -268,6 +274,8 @@ pub struct ServeConfig {
     pub peer_tls: Option<PeerTls>,
     /// The tf.data dispatcher's settings.
     pub tfdata: TfDataConfig,
+    /// Threads of the async runtime (0: one per CPU).
+    pub worker_threads: usize,
 }
 
 /// TLS of the peer links: what the peer port serves and how peers are
@@ -385,6 +393,7 @@ impl ServeOptions {
             snapshot_log_bytes,
             keep_behind_snapshot,
             max_inflight_batches,
+            worker_threads,
             raft_heartbeat_ms,
             election_timeout_ms,
             leader_wait_ms,
@@ -580,6 +589,7 @@ impl ServeOptions {
             peer_listen: self.peer_listen,
             client_tls,
             peer_tls,
+            worker_threads: self.worker_threads.unwrap_or(0),
         })
     }
 
@@ -696,6 +706,22 @@ mod tests {
         let mut o = opts();
         o.max_inflight_batches = Some(0);
         assert_eq!(o.resolve().unwrap().raft.max_inflight_batches, 1);
+    }
+
+    #[test]
+    fn worker_threads_follow_the_flag_over_the_file() {
+        // 0: tokio's default, one per CPU.
+        assert_eq!(opts().resolve().unwrap().worker_threads, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "worker_threads = 4\n").unwrap();
+        let mut o = opts();
+        o.config = Some(file.clone());
+        assert_eq!(o.resolve().unwrap().worker_threads, 4);
+        let mut o = opts();
+        o.config = Some(file);
+        o.worker_threads = Some(2);
+        assert_eq!(o.resolve().unwrap().worker_threads, 2);
     }
 
     #[test]

@@ -132,7 +132,18 @@ fn main() -> ExitCode {
         )
         .event_format(NodeLines(format))
         .init();
-    let rt = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    // --worker-threads, else tokio's default: one per CPU, or
+    // TOKIO_WORKER_THREADS.
+    if let Some(n) = serve_cfg
+        .as_ref()
+        .map(|c| c.worker_threads)
+        .filter(|&n| n > 0)
+    {
+        builder.worker_threads(n);
+    }
+    let rt = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("coordstore: cannot start the runtime: {e}");
