@@ -12,7 +12,9 @@
 # side by side go in with `EXTRA_BINS="name=/path/to/coordstore ..."`; run.sh
 # unpacks each as bin/coordstore-<name>, e.g.
 # `COORDSTORE_BIN=$PACK/bin/coordstore-base bash run.sh ...`.
-# Everything travels gzipped (about 20 MiB in all).
+# Everything travels gzipped (about 30 MiB in all). `bash DEST/matrix.sh`
+# (scripts/bench-matrix.sh) runs several settings or builds beside etcd,
+# interleaved, with one summary table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -39,6 +41,7 @@ for extra in ${EXTRA_BINS:-}; do
 done
 cp "$FONT" "$DEST/gz/DejaVuSans.ttf"
 cp scripts/setup-bench.sh "$DEST/scripts/"
+cp scripts/bench-matrix.sh "$DEST/matrix.sh"
 cp bench/python/*.py "$DEST/bench/python/"
 cp tests/python/*.py "$DEST/tests/python/"
 git rev-parse --short HEAD >"$DEST/COMMIT" 2>/dev/null || echo unknown >"$DEST/COMMIT"
