@@ -9,10 +9,12 @@
 //!
 //! Layout: `{first index:020}.seg` files, each a run of records
 //! `[payload length u32 LE][crc32 of index and payload u32 LE][index u64 LE]
-//! [payload]` with consecutive indexes; `purged` holds the highest purged
-//! index (absent: none). At open every segment is read and checked: a torn
-//! or corrupted record ends the last segment (it is cut there: an append
-//! that never completed its flush); anywhere else it is an error.
+//! [payload]` with consecutive indexes, then zeros up to the file's end
+//! (space allocated ahead, see [`PREALLOC_BYTES`]); `purged` holds the
+//! highest purged index (absent: none). At open every segment is read and
+//! checked: zeros end a segment; a torn or corrupted record ends the last
+//! segment (it is cut there: an append that never completed its flush);
+//! anywhere else it is an error.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -25,6 +27,13 @@ use crate::backend::sync_dir;
 
 /// A segment is closed once it holds this many bytes.
 const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Space allocated ahead of the records (`fallocate`), so that an append
+/// does not grow the file: an fdatasync after a write that changes the
+/// file's size also commits the file system's journal. On the 2-core
+/// machine (ext4 on virtio), 300-byte writes each followed by fdatasync:
+/// 105-115 µs and 3 context switches per sync appending, 74-84 µs and 2
+/// within allocated space (as etcd allocates its WAL segments ahead).
+const PREALLOC_BYTES: u64 = 4 * 1024 * 1024;
 const HEADER: usize = 16;
 const PURGED_FILE: &str = "purged";
 
@@ -35,6 +44,8 @@ struct Segment {
     offsets: Vec<u64>,
     /// Bytes of whole records.
     len: u64,
+    /// The file's size: `len` and the zeros allocated after it.
+    alloc: u64,
 }
 
 impl Segment {
@@ -94,6 +105,8 @@ pub(crate) struct Wal {
     dir: PathBuf,
     inner: Mutex<Inner>,
     segment_bytes: u64,
+    /// Bytes allocated ahead at a time; 0 once the file system refused.
+    prealloc: std::sync::atomic::AtomicU64,
 }
 
 fn corrupt(msg: String) -> io::Error {
@@ -132,6 +145,28 @@ fn decode_record(buf: &[u8]) -> Option<(u64, &[u8], usize)> {
     let index = u64::from_le_bytes(header[8..16].try_into().ok()?);
     let payload = buf.get(HEADER..HEADER + len)?;
     (checksum(index, payload) == crc).then_some((index, payload, HEADER + len))
+}
+
+/// `fallocate` of `len` bytes at `offset` (growing the file; reads as
+/// zeros).
+#[cfg(target_os = "linux")]
+fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    // SAFETY: a plain syscall on a file descriptor this `File` owns.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allocate(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
+    Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
 }
 
 fn segment_name(first: u64) -> String {
@@ -181,6 +216,7 @@ impl Wal {
                 file: Arc::new(file),
                 offsets: Vec::new(),
                 len: 0,
+                alloc: data.len() as u64,
             };
             let mut at = 0usize;
             while at < data.len() {
@@ -190,6 +226,8 @@ impl Wal {
                         seg.offsets.push(at as u64);
                         at += size;
                     }
+                    // Space allocated ahead: the segment ends here.
+                    _ if data[at..].iter().all(|&b| b == 0) => break,
                     _ if n + 1 == count => {
                         // The tail of the last segment: an append whose
                         // flush never completed. Cut it off.
@@ -199,6 +237,7 @@ impl Wal {
                         );
                         seg.file.set_len(at as u64)?;
                         seg.file.sync_data()?;
+                        seg.alloc = at as u64;
                         break;
                     }
                     _ => {
@@ -224,6 +263,7 @@ impl Wal {
             dir: dir.to_path_buf(),
             inner: Mutex::new(inner),
             segment_bytes,
+            prealloc: PREALLOC_BYTES.into(),
         };
         if let Some(upto) = purged {
             // A purge whose segment removal a crash interrupted.
@@ -256,6 +296,7 @@ impl Wal {
             file: Arc::new(file),
             offsets: Vec::new(),
             len: 0,
+            alloc: 0,
         });
         g.dir_dirty = true;
         Ok(())
@@ -317,6 +358,10 @@ impl Wal {
             return Ok(());
         }
         let seg = g.segments.back_mut().ok_or_else(no_segment)?;
+        let end = seg.len + buf.len() as u64;
+        if end > seg.alloc {
+            self.allocate(seg, end);
+        }
         let written = seg.file.write_all_at(buf, seg.len);
         if let Err(e) = written {
             // Forget the records that did not make it.
@@ -324,11 +369,34 @@ impl Wal {
             seg.offsets.retain(|&o| o < len);
             return Err(e);
         }
-        seg.len += buf.len() as u64;
+        seg.len = end;
+        seg.alloc = seg.alloc.max(end);
         let file = seg.file.clone();
         g.mark_written(&file);
         buf.clear();
         Ok(())
+    }
+
+    /// Allocates zeros after `seg`'s records to at least `end`, a step
+    /// ahead. Best effort: where the file system cannot (or the disk is
+    /// full) the write that follows grows the file as it would anyway.
+    fn allocate(&self, seg: &mut Segment, end: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let step = self.prealloc.load(Relaxed);
+        if step == 0 {
+            return;
+        }
+        let target = end.max(seg.alloc + step);
+        match allocate(&seg.file, seg.alloc, target - seg.alloc) {
+            Ok(()) => seg.alloc = target,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
+                tracing::info!(
+                    "the log's file system cannot allocate ahead; appends grow the files"
+                );
+                self.prealloc.store(0, Relaxed);
+            }
+            Err(e) => tracing::debug!("allocating log space ahead: {e}"),
+        }
     }
 
     /// Makes every record appended so far durable.
@@ -430,10 +498,13 @@ impl Wal {
                 continue;
             }
             if seg.last().is_some_and(|l| l >= from) {
+                // Cut, not overwritten later: a record written over the
+                // first removed one must never be followed by the rest.
                 let (start, _) = seg.span(from);
                 seg.file.set_len(start)?;
                 seg.offsets.truncate((from - seg.first) as usize);
                 seg.len = start;
+                seg.alloc = start;
                 let file = seg.file.clone();
                 g.mark_written(&file);
             }
@@ -601,6 +672,71 @@ mod tests {
         assert_eq!(indexes(&w, 0, 100), vec![30]);
     }
 
+    fn file_len(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
+    }
+
+    #[test]
+    fn appends_go_into_space_allocated_ahead_whose_zeros_end_a_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = dir.path().join(segment_name(0));
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        w.append(&(0..3).map(rec).collect::<Vec<_>>()).unwrap();
+        w.sync().unwrap();
+        let end: u64 = (0..3).map(|i| (HEADER + rec(i).1.len()) as u64).sum();
+        let allocated = w.prealloc.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        // Where the file system allocates ahead, the file is a step long.
+        let expected = if allocated { PREALLOC_BYTES } else { end };
+        assert_eq!(file_len(&seg), expected);
+        w.append(&[rec(3)]).unwrap();
+        w.sync().unwrap();
+        assert_eq!(file_len(&seg), expected.max(end + 24));
+        drop(w);
+        // The zeros after the records are neither records nor damage: the
+        // segment keeps its space.
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&w, 0, 100), vec![0, 1, 2, 3]);
+        assert_eq!(file_len(&seg), expected.max(end + 24));
+        // A closed segment ends in zeros too (the next one started).
+        drop(w);
+        let w = Wal::open_with(dir.path(), 1).unwrap();
+        w.append(&[rec(4), rec(5)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open_with(dir.path(), 1).unwrap();
+        assert_eq!(indexes(&w, 0, 100), (0..6).collect::<Vec<_>>());
+        drop(w);
+        // Anything but zeros after a closed segment's records is damage.
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.write_all_at(b"junk", end + 24 + 100).unwrap();
+        drop(f);
+        let e = Wal::open_with(dir.path(), 1).err().expect("refused");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
+    fn a_record_written_over_a_removed_one_is_not_followed_by_the_rest() {
+        // Records of equal length: one written where a removed one began
+        // ends exactly where the next removed one began.
+        let dir = tempfile::tempdir().unwrap();
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        w.append(&(1..=9).map(rec).collect::<Vec<_>>()).unwrap();
+        w.sync().unwrap();
+        w.truncate(6).unwrap();
+        w.append(&[(6, b"RECORD 6".to_vec())]).unwrap();
+        w.sync().unwrap();
+        // The same through an overlapping append.
+        w.append(&[(7, b"record 7".to_vec()), (8, b"record 8".to_vec())])
+            .unwrap();
+        w.append(&[(7, b"RECORD 7".to_vec())]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&w, 0, 100), (1..=7).collect::<Vec<_>>());
+        assert_eq!(w.last().unwrap(), Some((7, b"RECORD 7".to_vec())));
+        assert_eq!(w.range(6, 7).unwrap(), vec![(6, b"RECORD 6".to_vec())]);
+    }
+
     #[test]
     fn a_torn_tail_is_cut_and_damage_before_it_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -609,9 +745,18 @@ mod tests {
         w.sync().unwrap();
         drop(w);
         let seg = dir.path().join(segment_name(0));
-        let len = std::fs::metadata(&seg).unwrap().len();
+        let end: u64 = (0..3).map(|i| (HEADER + rec(i).1.len()) as u64).sum();
         let f = OpenOptions::new().write(true).open(&seg).unwrap();
-        f.set_len(len - 3).unwrap();
+        f.set_len(end - 3).unwrap();
+        drop(f);
+        let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
+        assert_eq!(indexes(&w, 0, 100), vec![0, 1]);
+        // Torn inside allocated space: the record's end is zeros.
+        w.append(&[rec(2)]).unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.write_all_at(&[0; 3], end - 3).unwrap();
         drop(f);
         let w = Wal::open_with(dir.path(), 1 << 20).unwrap();
         assert_eq!(indexes(&w, 0, 100), vec![0, 1]);
