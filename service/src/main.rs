@@ -180,10 +180,7 @@ fn main() -> ExitCode {
             cluster,
             cluster_id,
         } => match restore(&file, &data_dir, node_id, &cluster, cluster_id) {
-            Ok(out) => {
-                println!("{out}");
-                ExitCode::SUCCESS
-            }
+            Ok(out) => print_out("restore", &out),
             Err(e) => {
                 eprintln!("coordstore restore: {e}");
                 ExitCode::FAILURE
@@ -202,15 +199,28 @@ fn main() -> ExitCode {
                 }
             };
             match rt.block_on(service::ctl::run(&endpoint, tls, command)) {
-                Ok(out) => {
-                    println!("{out}");
-                    ExitCode::SUCCESS
-                }
+                Ok(out) => print_out("ctl", &out),
                 Err(e) => {
                     eprintln!("coordstore ctl: {e}");
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// Prints a command's answer. A reader that left (`| head -1`) ends the
+/// command quietly and successfully, as ripgrep does; `println!` would
+/// panic.
+fn print_out(what: &str, out: &str) -> ExitCode {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{out}").and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coordstore {what}: cannot write the answer: {e}");
+            ExitCode::FAILURE
         }
     }
 }

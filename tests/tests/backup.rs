@@ -131,6 +131,21 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_every_acknowledge
     assert!(ok, "snapshot status failed: {stderr}");
     let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(&status, header);
+    // Its reader gone before it prints (`| head -1` that already left): a
+    // quiet, successful end, not a panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(coordstore_bin())
+        .args(["ctl", "snapshot", "status", &file])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.is_empty(),
+        "{:?}: {stderr}",
+        out.status
+    );
 
     // Restore into three new data dirs: a new cluster on new ports.
     let root = tempfile::tempdir().unwrap();
