@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
@@ -67,6 +68,13 @@ pub(crate) fn in_place<T>(f: impl FnOnce() -> T) -> T {
 pub struct LogStore {
     backend: Arc<dyn Backend>,
     flusher: mpsc::Sender<Flush>,
+    /// The committed index + 1 (0: none), for the flusher to note in the
+    /// marker file once every append before it is durable (openraft commits
+    /// entries this node has only submitted, and the marker must never get
+    /// ahead of the durable log: a start-up refuses a log that ends before
+    /// it). Read at each flush, not sent: a send would wake the flusher
+    /// thread once more per write.
+    committed: Arc<AtomicU64>,
     tail: Arc<Mutex<Tail>>,
 }
 
@@ -171,11 +179,6 @@ enum Flush {
     Append(IOFlushed<TypeConfig>),
     /// Report every append queued before this, then answer.
     Barrier(tokio::sync::oneshot::Sender<()>),
-    /// The log is committed up to this index: noted in the marker file once
-    /// every append queued before it is durable (openraft commits entries
-    /// this node has only submitted, and the marker must never get ahead of
-    /// the durable log: a start-up refuses a log that ends before it).
-    Committed(u64),
 }
 
 impl LogStore {
@@ -184,13 +187,16 @@ impl LogStore {
         // Weak: the store's owners decide when the database closes (a
         // reopen in the same process must not find it still held here).
         let b = Arc::downgrade(&backend);
+        let committed = Arc::new(AtomicU64::new(0));
+        let noted = committed.clone();
         std::thread::Builder::new()
             .name(format!("log-flusher-{node_id}"))
-            .spawn(move || flush_loop(&b, queue))
+            .spawn(move || flush_loop(&b, queue, &noted))
             .expect("spawn the log flusher thread");
         LogStore {
             backend,
             flusher,
+            committed,
             tail: Arc::default(),
         }
     }
@@ -302,18 +308,23 @@ impl LogStore {
 }
 
 /// The flusher: waits for appended batches, makes everything written so far
-/// durable once for all that queued meanwhile, then reports each, in order.
-/// Ends when every store clone is gone.
-fn flush_loop(backend: &std::sync::Weak<dyn Backend>, queue: mpsc::Receiver<Flush>) {
+/// durable once for all that queued meanwhile, then reports each, in order,
+/// and notes the committed index read before the queue was taken (every
+/// append at or below it was queued before it was set). Ends when every
+/// store clone is gone.
+fn flush_loop(
+    backend: &std::sync::Weak<dyn Backend>,
+    queue: mpsc::Receiver<Flush>,
+    committed: &AtomicU64,
+) {
     while let Ok(first) = queue.recv() {
         let mut done = Vec::new();
         let mut barriers = Vec::new();
-        let mut committed = None;
+        let committed = committed.load(AtomicOrdering::Acquire).checked_sub(1);
         for job in std::iter::once(first).chain(queue.try_iter()) {
             match job {
                 Flush::Append(cb) => done.push(cb),
                 Flush::Barrier(tx) => barriers.push(tx),
-                Flush::Committed(i) => committed = committed.max(Some(i)),
             }
         }
         // Appends queued before this pass were flushed by an earlier one.
@@ -406,8 +417,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not flushed: losing it only means re-applying a little less at start.
         self.put_meta(COMMITTED_KEY, &committed, false).await?;
         if let Some(c) = committed {
-            // After the flush of every append queued before it.
-            let _ = self.flusher.send(Flush::Committed(c.index));
+            // Noted at the next flush, after every append queued before it.
+            self.committed
+                .fetch_max(c.index + 1, AtomicOrdering::Release);
         }
         Ok(())
     }
