@@ -26,6 +26,6 @@ pub use contact::QUORUM_AGE_HEADER;
 pub use network::{
     Channels, PeerNetwork, PeerService, PeerToken, Raft, PEER_CLUSTER_HEADER, PEER_TOKEN_HEADER,
 };
-pub use node::{MetricsWatch, NodeConfig, RaftNode, Role, StartError};
+pub use node::{leading_term, MetricsWatch, NodeConfig, RaftNode, Role, ServerWatch, StartError};
 /// The trait of [`MetricsWatch`] (`borrow_watched`, `changed`).
 pub use openraft::type_config::async_runtime::WatchReceiver;

@@ -23,6 +23,21 @@ use crate::reads::{self, ReadReply};
 pub type MetricsWatch =
     openraft::type_config::alias::WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>;
 
+/// A receiver of a node's server metrics (role, leader, vote, membership).
+/// Unlike [`MetricsWatch`], which changes with every write (log index,
+/// commit, apply) and so wakes whoever waits on it several times per write,
+/// it changes only with those.
+pub type ServerWatch = openraft::type_config::alias::WatchReceiverOf<
+    TypeConfig,
+    openraft::metrics::RaftServerMetrics<TypeConfig>,
+>;
+
+/// The term the node of `m` leads in, if it is the leader.
+pub fn leading_term(m: &openraft::metrics::RaftServerMetrics<TypeConfig>) -> Option<u64> {
+    (m.state == openraft::ServerState::Leader && m.current_leader == Some(m.id))
+        .then_some(m.vote.leader_id.term)
+}
+
 /// What a node needs to start.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -120,7 +135,7 @@ fn snapshot_due(log_bytes: u64, floor: u64, last_snapshot: u64) -> bool {
 
 /// Keeps `contact`'s voter set in step with the membership.
 async fn track_voters(raft: Raft, contact: Arc<Contact>) {
-    let mut rx = raft.metrics();
+    let mut rx = raft.server_metrics();
     let mut seen = None;
     loop {
         let membership = rx.borrow_and_update().membership_config.clone();
@@ -380,6 +395,11 @@ impl RaftNode {
     /// A receiver of metrics changes, for [`RaftNode::metrics_changed`].
     pub fn metrics_watch(&self) -> MetricsWatch {
         self.raft.metrics()
+    }
+
+    /// A receiver of role, leader, vote and membership changes only.
+    pub fn server_watch(&self) -> ServerWatch {
+        self.raft.server_metrics()
     }
 
     /// The leader as this node knows it: (id, address).

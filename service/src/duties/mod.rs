@@ -63,7 +63,9 @@ impl LeaderRuntime {
         // The term this node last took over in: a new term is a new takeover,
         // even if this node lost and regained leadership between two ticks.
         let mut led_term: Option<u64> = None;
-        let mut metrics = leader.node().raft().metrics();
+        // Role and leader changes only: the full metrics change with every
+        // write, and waking here for each cost a task wake per write.
+        let mut metrics = leader.node().server_watch();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -76,7 +78,7 @@ impl LeaderRuntime {
                     false
                 }
             };
-            let Some(term) = leader.leading_term() else {
+            let Some(term) = raft::leading_term(&metrics.borrow_watched()) else {
                 if led_term.take().is_some() {
                     for d in &self.duties {
                         d.on_step_down();
