@@ -7,9 +7,8 @@ use std::sync::Arc;
 use journal::pb::UpdateBatch;
 use journal::{Outcome, Update};
 use openraft::errors::{ClientWriteError, ForwardReason, ForwardToLeader};
-use openraft::impls::ProgressResponder;
 use prost::Message;
-use storage::{NodeId, Proposal, TypeConfig};
+use storage::{CallbackResponder, NodeId, Proposal, TypeConfig};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::config::RaftSettings;
@@ -76,22 +75,13 @@ pub(crate) struct Pending {
 }
 
 /// Starts the batcher task; proposals go into the returned queue.
-pub(crate) fn spawn(
-    raft: Raft,
-    settings: &RaftSettings,
-    state: storage::StateHandle,
-) -> mpsc::Sender<Pending> {
+pub(crate) fn spawn(raft: Raft, settings: &RaftSettings) -> mpsc::Sender<Pending> {
     let (tx, rx) = mpsc::channel(settings.proposal_queue.max(1));
-    tokio::spawn(run(raft, rx, settings.clone(), state));
+    tokio::spawn(run(raft, rx, settings.clone()));
     tx
 }
 
-async fn run(
-    raft: Raft,
-    mut rx: mpsc::Receiver<Pending>,
-    settings: RaftSettings,
-    state: storage::StateHandle,
-) {
+async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings) {
     let inflight = Arc::new(Semaphore::new(settings.max_inflight_batches.max(1)));
     loop {
         // Wait for a slot first: proposals pile up in the queue meanwhile.
@@ -116,56 +106,43 @@ async fn run(
             batch.into_iter().map(|p| (p.update, p.reply)).unzip();
         crate::metrics::BATCH_UPDATES.observe(updates.len() as f64);
         let proposal = Proposal::new(UpdateBatch { updates });
-        let (responder, done) = ProgressResponder::complete_only();
-        match raft.client_write_ff(proposal, Some(responder)).await {
-            Err(fatal) => {
-                let e = ProposeError::Fatal(fatal.to_string());
-                for r in replies {
-                    let _ = r.send(Err(e.clone()));
-                }
-            }
-            Ok(()) => {
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let result = done.await;
-                    drop(permit);
-                    if let Ok(Ok(resp)) = &result {
-                        let applied = state.last_applied().map_or(0, |l| l.index);
-                        if applied < resp.log_id.index {
-                            tracing::error!(
-                                "acknowledging entry {} while the state machine is at {applied}",
-                                resp.log_id
-                            );
-                        }
-                    }
-                    deliver(result, replies);
-                });
-            }
+        // Answered where the entry is applied (see `CallbackResponder`);
+        // the slot is free again once it is.
+        let responder = CallbackResponder::new(move |result: Option<WriteResult>| {
+            drop(permit);
+            deliver(result, replies);
+        });
+        if let Err(fatal) = raft.client_write_ff(proposal, Some(responder)).await {
+            // The responder went with the refused write and answered its
+            // updates (`None`): the outcome of a write Raft stopped on is
+            // unknown.
+            tracing::debug!("write batch refused: {fatal}");
         }
     }
 }
 
-type WriteResult = Result<
-    Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<TypeConfig>>,
-    oneshot::error::RecvError,
->;
+type WriteResult =
+    Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<TypeConfig>>;
 
-fn deliver(result: WriteResult, replies: Vec<oneshot::Sender<Result<Applied, ProposeError>>>) {
+fn deliver(
+    result: Option<WriteResult>,
+    replies: Vec<oneshot::Sender<Result<Applied, ProposeError>>>,
+) {
     let error = match result {
-        Ok(Ok(resp)) if resp.data.0.len() == replies.len() => {
+        Some(Ok(resp)) if resp.data.0.len() == replies.len() => {
             let log_index = resp.log_id.index;
             for (r, outcome) in replies.into_iter().zip(resp.data.0) {
                 let _ = r.send(Ok(Applied { outcome, log_index }));
             }
             return;
         }
-        Ok(Ok(resp)) => ProposeError::Fatal(format!(
+        Some(Ok(resp)) => ProposeError::Fatal(format!(
             "{} outcomes for {} updates",
             resp.data.0.len(),
             replies.len()
         )),
-        Ok(Err(e)) => ProposeError::from_write(e),
-        Err(_) => ProposeError::Fatal("raft stopped".into()),
+        Some(Err(e)) => ProposeError::from_write(e),
+        None => ProposeError::Fatal("raft stopped".into()),
     };
     for r in replies {
         let _ = r.send(Err(error.clone()));

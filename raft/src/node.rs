@@ -249,7 +249,7 @@ impl RaftNode {
                 cfg.settings.snapshot_log_bytes,
             ));
         }
-        let writes = batcher::spawn(raft.clone(), &cfg.settings, state.clone());
+        let writes = batcher::spawn(raft.clone(), &cfg.settings);
         let reads = reads::spawn(raft.clone(), state.clone(), read_floor);
         Ok(Arc::new(RaftNode {
             id: cfg.node_id,

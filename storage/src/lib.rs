@@ -25,8 +25,8 @@ pub use backend::{Backend, Identity, OpenError, SledBackend, SnapshotFill};
 pub use log_store::LogStore;
 pub use state_machine::{SnapshotBuilder, StateHandle, StateMachine};
 pub use types::{
-    Entry, LeaderId, LogId, Node, NodeId, Outcomes, Proposal, Snapshot, SnapshotData, SnapshotMeta,
-    StorageError, StoredMembership, TypeConfig, Vote,
+    CallbackResponder, Entry, LeaderId, LogId, Node, NodeId, Outcomes, Proposal, Snapshot,
+    SnapshotData, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
 };
 
 /// Default sled page-cache bound: 64 MiB.

@@ -151,14 +151,72 @@ mod serde_bytes_compat {
     }
 }
 
-openraft::declare_raft_types!(
-    /// coordstore's openraft type configuration.
-    pub TypeConfig:
-        D = Proposal,
-        R = Outcomes,
-        NodeId = u64,
-        Node = openraft::BasicNode,
-);
+/// coordstore's openraft type configuration: `declare_raft_types!`'s
+/// defaults, but for the payload, the response and the responder.
+#[derive(Debug, Clone, Copy, Default, Eq, PartialEq, Ord, PartialOrd)]
+pub struct TypeConfig {}
+
+impl openraft::RaftTypeConfig for TypeConfig {
+    type D = Proposal;
+    type R = Outcomes;
+    type NodeId = u64;
+    type Node = openraft::BasicNode;
+    type Term = u64;
+    type LeaderId = openraft::impls::leader_id_adv::LeaderId<Self::Term, Self::NodeId>;
+    type Vote = openraft::impls::Vote<Self::LeaderId>;
+    type Payload = openraft::EntryPayload<Self::D, Self::NodeId, Self::Node>;
+    type Entry =
+        openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
+    type Responder<T>
+        = CallbackResponder<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type Batch<T>
+        = openraft::impls::InlineBatch<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    // The macro's default; deprecated only as a path (its home is now the
+    // openraft-rt-tokio crate, which openraft re-exports here).
+    #[allow(deprecated)]
+    type AsyncRuntime = openraft::impls::TokioRuntime;
+    type ErrorSource = openraft::impls::BoxedErrorSource;
+}
+
+/// Where the outcome of a client write goes: a callback run where the entry
+/// is applied (the state machine's task), with `Some(result)`, or with
+/// `None` when openraft drops the write unanswered (shut down). Answering
+/// there, not through a channel to a task that then answers, saves a hand-off
+/// between tasks per write.
+pub struct CallbackResponder<T> {
+    callback: Option<Box<dyn FnOnce(Option<T>) + Send>>,
+}
+
+impl<T> CallbackResponder<T> {
+    /// A responder that runs `callback` once.
+    pub fn new(callback: impl FnOnce(Option<T>) + Send + 'static) -> Self {
+        CallbackResponder {
+            callback: Some(Box::new(callback)),
+        }
+    }
+}
+
+impl<T: openraft::OptionalSend + 'static> openraft::raft::responder::Responder<TypeConfig, T>
+    for CallbackResponder<T>
+{
+    fn on_complete(mut self, result: T) {
+        if let Some(f) = self.callback.take() {
+            f(Some(result));
+        }
+    }
+}
+
+impl<T> Drop for CallbackResponder<T> {
+    fn drop(&mut self) {
+        if let Some(f) = self.callback.take() {
+            f(None);
+        }
+    }
+}
 
 /// Node ids are u64.
 pub type NodeId = u64;
@@ -240,5 +298,23 @@ mod tests {
         };
         assert!(!client_buffer.as_ptr_range().contains(&kv.value.as_ptr()));
         assert!(p.encoded.as_ptr_range().contains(&kv.value.as_ptr()));
+    }
+
+    #[test]
+    fn a_responder_answers_once_and_a_dropped_one_answers_none() {
+        use openraft::raft::responder::Responder;
+        use std::sync::Mutex;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let answered = {
+            let seen = seen.clone();
+            CallbackResponder::new(move |r: Option<u32>| seen.lock().unwrap().push(r))
+        };
+        Responder::<TypeConfig, u32>::on_complete(answered, 7);
+        let dropped = {
+            let seen = seen.clone();
+            CallbackResponder::new(move |r: Option<u32>| seen.lock().unwrap().push(r))
+        };
+        drop(dropped);
+        assert_eq!(*seen.lock().unwrap(), vec![Some(7), None]);
     }
 }
