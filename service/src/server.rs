@@ -185,7 +185,6 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     }
     let mut tasks = vec![
         tokio::spawn(duties.run(leader)),
-        tokio::spawn(crate::wake::run_key_wakeups(waits)),
         tokio::spawn(ops::report_health(router.clone(), health_reporter)),
     ];
     tasks.extend(peer_server);

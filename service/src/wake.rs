@@ -2,13 +2,15 @@
 //!
 //! A call parked on the applied state used to re-run its check after every
 //! applied entry: with thousands of parked blocking gets, every write woke
-//! every one of them. A blocking get now waits on its key alone: one task
-//! per node follows the applied state, reads the KV changes since it last
-//! looked (the journal's bounded change history) and wakes the waiters of
-//! exactly those keys. Everything else wakes everyone: a job-epoch reset, a
-//! history that no longer reaches back far enough, the node shutting down.
-//! The other parked calls (barriers, polls, registrations, rendezvous) are
-//! bounded by the number of tasks and keep waiting on every apply.
+//! every one of them. A blocking get now waits on its key alone: the state
+//! machine tells [`KeyWaiters`] of each change where it applies it (see
+//! [`storage::ApplyObserver`]), and they read the KV changes since the last
+//! one (the journal's bounded change history) and wake the waiters of
+//! exactly those keys, with no task in between. Everything else wakes
+//! everyone: a job-epoch reset, a history that no longer reaches back far
+//! enough, the state machine stopping. The other parked calls (barriers,
+//! polls, registrations, rendezvous) are bounded by the number of tasks and
+//! keep waiting on every apply.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,18 +100,25 @@ pub struct Waits {
     parked: AtomicU64,
     by_kind: [AtomicU64; WaitKind::ALL.len()],
     max_parked: u64,
-    key_waiters: KeyWaiters,
+    key_waiters: Arc<KeyWaiters>,
 }
 
 impl Waits {
-    /// The waits on `node`'s applied state.
+    /// The waits on `node`'s applied state. Their key waiters follow the
+    /// state's changes from now on (one set of waits per node).
     pub fn new(node: Arc<RaftNode>) -> Self {
+        let key_waiters = Arc::new(KeyWaiters::default());
+        if !node.state().observe(key_waiters.clone()) {
+            tracing::error!(
+                "the node's state already has an observer: blocking gets would not wake"
+            );
+        }
         Waits {
             node,
             parked: AtomicU64::new(0),
             by_kind: Default::default(),
             max_parked: DEFAULT_MAX_PARKED_CALLS,
-            key_waiters: KeyWaiters::default(),
+            key_waiters,
         }
     }
 
@@ -267,6 +276,9 @@ pub struct KeyWaiters {
     all: Notify,
     /// The node stopped applying (shutting down).
     closed: std::sync::atomic::AtomicBool,
+    /// The KV revision and job epoch of the state when last told of a
+    /// change (`None` before the first).
+    seen: Mutex<Option<(u64, u64)>>,
 }
 
 /// One waiter's registration; dropping it forgets the key when it was the
@@ -328,9 +340,12 @@ impl KeyWaiters {
         self.lock().len()
     }
 
-    fn wake(&self, key: &str) {
-        if let Some(n) = self.lock().get(key) {
-            n.notify_waiters();
+    fn wake<'k>(&self, keys: impl IntoIterator<Item = &'k str>) {
+        let waiters = self.lock();
+        for key in keys {
+            if let Some(n) = waiters.get(key) {
+                n.notify_waiters();
+            }
         }
     }
 
@@ -339,46 +354,33 @@ impl KeyWaiters {
     }
 }
 
-/// Follows this node's applied state and wakes the waiters of the keys that
-/// changed. Runs for the life of the node.
-pub async fn run_key_wakeups(waits: Arc<Waits>) {
-    let state = waits.node.state();
-    let mut rx = state.subscribe();
-    let (mut revision, mut epoch) = state.read(|s| (s.coordination().kv_revision(), s.epoch()));
-    loop {
-        if rx.changed().await.is_err() {
-            waits.key_waiters().closed.store(true, Ordering::Relaxed);
-            waits.key_waiters().wake_all();
+impl storage::ApplyObserver for KeyWaiters {
+    fn changed(&self, state: &State) {
+        let now = (state.coordination().kv_revision(), state.epoch());
+        let before = self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(now);
+        let Some((revision, epoch)) = before else {
+            return;
+        };
+        if (revision, epoch) == now || self.waited_keys() == 0 {
             return;
         }
-        rx.borrow_and_update();
-        let waiters = waits.key_waiters();
-        if waiters.waited_keys() == 0 {
-            (revision, epoch) = state.read(|s| (s.coordination().kv_revision(), s.epoch()));
-            continue;
-        }
-        let (changed, now_revision, now_epoch) = state.read(|s| {
-            let changed = match s.coordination().kv_events_after(revision) {
-                Ok(events) => Some(
-                    events
-                        .iter()
-                        .filter(|e| !e.deleted)
-                        .map(|e| e.key.clone())
-                        .collect::<Vec<_>>(),
-                ),
-                Err(_) => None,
-            };
-            (changed, s.coordination().kv_revision(), s.epoch())
-        });
-        match changed {
-            Some(keys) if now_epoch == epoch => {
-                for k in keys {
-                    waiters.wake(&k);
-                }
-            }
-            _ => waiters.wake_all(),
-        }
-        (revision, epoch) = (now_revision, now_epoch);
+        // A job-epoch reset or a snapshot from before `revision` (a
+        // reinstalled state) concern every waiter; so does a history that no
+        // longer reaches back to `revision`.
+        let events = match state.coordination().kv_events_after(revision) {
+            Ok(events) if now.1 == epoch && now.0 >= revision => events,
+            _ => return self.wake_all(),
+        };
+        self.wake(events.iter().filter(|e| !e.deleted).map(|e| e.key.as_str()));
+    }
+
+    fn stopped(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.wake_all();
     }
 }
 
@@ -406,5 +408,81 @@ impl Drop for Parked<'_> {
     fn drop(&mut self) {
         self.1.fetch_sub(1, Ordering::Relaxed);
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use journal::pb::{coordination::KvInsert, update::Command, ResetJobEpoch};
+    use journal::Update;
+    use std::future::Future;
+    use storage::ApplyObserver;
+
+    fn insert(key: &str) -> Update {
+        Update {
+            command: Some(Command::from(KvInsert {
+                key: key.into(),
+                value: "v".into(),
+                allow_overwrite: true,
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// Whether `f` wakes a waiter that was waiting before it ran.
+    fn woken(wait: &KeyWait<'_>, f: impl FnOnce()) -> bool {
+        let mut n = std::pin::pin!(wait.notified());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(n.as_mut().poll(&mut cx).is_pending(), "woken before");
+        f();
+        n.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_change_wakes_the_waiters_of_exactly_the_keys_it_wrote() {
+        let waiters = KeyWaiters::default();
+        let mut state = State::new();
+        waiters.changed(&state);
+        let (a, b) = (waiters.register("a".into()), waiters.register("b".into()));
+        state.apply(&insert("a"));
+        assert!(woken(&a, || waiters.changed(&state)));
+        state.apply(&insert("a"));
+        assert!(!woken(&b, || waiters.changed(&state)));
+        state.apply(&insert("c"));
+        state.apply(&insert("b"));
+        // Every key since the last change it was told of.
+        assert!(woken(&b, || waiters.changed(&state)));
+        // Nothing new: nobody.
+        assert!(!woken(&a, || waiters.changed(&state)));
+        drop(a);
+        assert_eq!(waiters.waited_keys(), 1);
+    }
+
+    #[test]
+    fn an_epoch_reset_or_an_older_state_wakes_everyone() {
+        let waiters = KeyWaiters::default();
+        let mut state = State::new();
+        state.apply(&insert("x"));
+        let before = state.clone();
+        waiters.changed(&state);
+        let a = waiters.register("a".into());
+        state.apply(&insert("y"));
+        state.apply(&Update {
+            command: Some(Command::ResetJobEpoch(ResetJobEpoch::default())),
+            ..Default::default()
+        });
+        assert!(woken(&a, || waiters.changed(&state)));
+        // A snapshot installed from behind what was seen.
+        assert!(woken(&a, || waiters.changed(&before)));
+    }
+
+    #[test]
+    fn a_stopped_state_machine_wakes_everyone_and_closes() {
+        let waiters = KeyWaiters::default();
+        waiters.changed(&State::new());
+        let a = waiters.register("a".into());
+        assert!(woken(&a, || waiters.stopped()));
+        assert!(waiters.is_closed());
     }
 }

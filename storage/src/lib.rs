@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 pub use backend::{Backend, Identity, OpenError, SledBackend, SnapshotFill};
 pub use log_store::LogStore;
-pub use state_machine::{SnapshotBuilder, StateHandle, StateMachine};
+pub use state_machine::{ApplyObserver, SnapshotBuilder, StateHandle, StateMachine};
 pub use types::{
     CallbackResponder, Entry, LeaderId, LogId, Node, NodeId, Outcomes, Proposal, Snapshot,
     SnapshotData, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,

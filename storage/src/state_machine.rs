@@ -14,7 +14,7 @@
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 use futures_util::TryStreamExt;
 use journal::State;
@@ -53,6 +53,21 @@ struct Shared {
     log_bytes: AtomicU64,
     /// Encoded size of the newest snapshot (built, installed or loaded).
     snapshot_bytes: AtomicU64,
+    /// Told of every change of the state, where it is made.
+    observer: OnceLock<Arc<dyn ApplyObserver>>,
+}
+
+/// Told of every change of the applied state where it is made: on the state
+/// machine's task, right after the change and before it is published (the
+/// applied index's watch, the writes' answers). What it wakes therefore needs
+/// no task in between that follows the state. It must be quick: applies wait
+/// for it.
+pub trait ApplyObserver: Send + Sync {
+    /// `state` changed (entries applied, or a snapshot installed); also
+    /// called once with the state as it is when the observer is set.
+    fn changed(&self, state: &State);
+    /// The state machine stopped (Raft shut down): nothing changes any more.
+    fn stopped(&self);
 }
 
 impl Shared {
@@ -89,6 +104,21 @@ impl StateHandle {
     /// The membership as last applied.
     pub fn membership(&self) -> StoredMembership {
         self.0.read().membership.clone()
+    }
+
+    /// Sets the observer of the state's changes (see [`ApplyObserver`]);
+    /// false if one is set already (it stays).
+    pub fn observe(&self, observer: Arc<dyn ApplyObserver>) -> bool {
+        // Under the write lock: no change falls between the observer's first
+        // look and the first change it is told of.
+        let d = self.0.write();
+        if self.0.observer.set(observer).is_err() {
+            return false;
+        }
+        if let Some(o) = self.0.observer.get() {
+            o.changed(&d.state);
+        }
+        true
     }
 
     /// The state's snapshot encoding and the log index it was applied up
@@ -147,6 +177,7 @@ impl StateMachine {
                 applied: tx,
                 log_bytes: AtomicU64::new(0),
                 snapshot_bytes: AtomicU64::new(snapshot_bytes),
+                observer: OnceLock::new(),
             }),
             backend,
             stored: Arc::new(Mutex::new(stored.and_then(|s| s.meta.last_log_id))),
@@ -156,6 +187,23 @@ impl StateMachine {
     /// The read handle shared with the service.
     pub fn handle(&self) -> StateHandle {
         StateHandle(self.shared.clone())
+    }
+
+    /// Tells the observer of a change, under the read lock: what it wakes
+    /// can read the state at once. Only this task changes the state, so the
+    /// observer sees every change, in order.
+    fn changed(&self) {
+        if let Some(o) = self.shared.observer.get() {
+            o.changed(&self.shared.read().state);
+        }
+    }
+}
+
+impl Drop for StateMachine {
+    fn drop(&mut self) {
+        if let Some(o) = self.shared.observer.get() {
+            o.stopped();
+        }
     }
 }
 
@@ -399,6 +447,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             d.last_applied.map_or(0, |l| l.index)
         };
+        self.changed();
         self.shared.applied.send_replace(last_index);
         for (r, outcomes) in answers {
             r.send(outcomes);
@@ -455,6 +504,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             d.membership = meta.last_membership.clone();
             d.last_applied.map_or(0, |l| l.index)
         };
+        self.changed();
         self.shared.applied.send_replace(index);
         Ok(())
     }

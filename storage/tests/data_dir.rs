@@ -490,3 +490,68 @@ async fn a_staged_snapshot_of_the_wrong_length_is_refused() {
         Some((b"meta".to_vec(), b"abc".to_vec()))
     );
 }
+
+/// Records what the state machine tells its observer: each change's KV
+/// revision with the applied index published at that moment, and the stop.
+#[derive(Default)]
+struct Recorder {
+    applied: std::sync::OnceLock<tokio::sync::watch::Receiver<u64>>,
+    seen: std::sync::Mutex<Vec<(u64, u64)>>,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl storage::ApplyObserver for Recorder {
+    fn changed(&self, state: &journal::State) {
+        let published = self.applied.get().map_or(0, |rx| *rx.borrow());
+        let revision = state.coordination().kv_revision();
+        self.seen.lock().unwrap().push((revision, published));
+    }
+
+    fn stopped(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn an_observer_sees_each_change_before_it_is_published_and_the_stop() {
+    let dir = TempDir::new().unwrap();
+    let (_log, mut sm) = storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    let entries: Vec<Entry> = (1..=2).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+    sm.apply(stream(entries)).await.unwrap();
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let handle = sm.handle();
+    recorder.applied.set(handle.subscribe()).unwrap();
+    assert!(handle.observe(recorder.clone()));
+    // Only one observer.
+    assert!(!handle.observe(std::sync::Arc::new(Recorder::default())));
+    let entries: Vec<Entry> = (3..=5).map(|i| kv_entry(i, &format!("k{i}"))).collect();
+    sm.apply(stream(entries)).await.unwrap();
+    let mut leader_state = journal::State::new();
+    leader_state.apply(&journal::Update::from(
+        journal::pb::coordination::KvInsert {
+            key: "from-leader".into(),
+            value: "x".into(),
+            allow_overwrite: false,
+        },
+    ));
+    let meta = storage::SnapshotMeta {
+        last_log_id: Some(LogId::new(
+            LeaderId {
+                term: 2,
+                node_id: 2,
+            },
+            500,
+        )),
+        last_membership: Default::default(),
+    };
+    sm.install_snapshot(&meta, Cursor::new(leader_state.encode_snapshot()))
+        .await
+        .unwrap();
+    // At the observer's start, after the three applies (one call, one
+    // change, told before index 5 was published), after the install.
+    assert_eq!(*recorder.seen.lock().unwrap(), vec![(2, 2), (5, 2), (1, 5)]);
+    assert!(!recorder.stopped.load(std::sync::atomic::Ordering::SeqCst));
+    drop(sm);
+    assert!(recorder.stopped.load(std::sync::atomic::Ordering::SeqCst));
+}
