@@ -15,6 +15,9 @@
 # gives each run's 1-client put p50 and 64 / 256-client put ops/s and
 # their ratio to the etcd run of the same round. Inside a bench pack it
 # runs the pack's binaries (run.sh); in the source tree the release build.
+# LOAD_THREADS=N gives the load generator N tokio workers (coordstore-bench
+# --load-threads; default 2, which caps every peer at many clients on a
+# large machine).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 [[ $# -ge 4 ]] || { sed -n 2,17p "$0" >&2; exit 2; }
@@ -22,6 +25,8 @@ OUT="$1" ROUNDS="$2" SECS="$3"
 shift 3
 VARIANTS=("$@")
 mkdir -p "$OUT"
+LOAD=()
+[[ -n "${LOAD_THREADS:-}" ]] && LOAD=(--load-threads "$LOAD_THREADS")
 
 if [[ -f "$HERE/run.sh" ]]; then
     bench() { bash "$HERE/run.sh" "$@"; }
@@ -45,7 +50,7 @@ rows() {
 
 SUMMARY="$OUT/matrix.md"
 {
-    echo "Rounds: $ROUNDS, kv --seconds $SECS, $(nproc) cores; ratio = coordstore / etcd of the same round (p50: lower is better)."
+    echo "Rounds: $ROUNDS, kv --seconds $SECS, $(nproc) cores, load generator ${LOAD_THREADS:-2} workers; ratio = coordstore / etcd of the same round (p50: lower is better)."
     echo
     echo "| round | run | 1-client put p50 ms | 64 clients ops/s | 256 clients ops/s | p50 ratio | 64 ratio | 256 ratio |"
     echo "|---|---|---|---|---|---|---|---|"
@@ -53,7 +58,7 @@ SUMMARY="$OUT/matrix.md"
 n=${#VARIANTS[@]}
 for ((r = 1; r <= ROUNDS; r++)); do
     log="$OUT/r$r-etcd3.log"
-    bench "$OUT/r$r-etcd3" --peers etcd3 kv --seconds "$SECS" >"$log" 2>&1
+    bench "$OUT/r$r-etcd3" "${LOAD[@]}" --peers etcd3 kv --seconds "$SECS" >"$log" 2>&1
     read -r e50 e64 e256 < <(rows "$log" "etcd")
     echo "| $r | etcd3 | $e50 | $e64 | $e256 | | | |" >>"$SUMMARY"
     for ((k = 0; k < n; k++)); do
@@ -62,7 +67,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         build=""
         [[ "$name" == *:* ]] && { build="${name#*:}"; name="${name%%:*}"; }
         log="$OUT/r$r-$name.log"
-        args=(--peers coordstore3)
+        args=("${LOAD[@]}" --peers coordstore3)
         [[ -n "$flags" ]] && args+=("--server-flags=$flags")
         if [[ -n "$build" ]]; then
             COORDSTORE_BIN="$(binof "$build")" bench "$OUT/r$r-$name" "${args[@]}" kv --seconds "$SECS" >"$log" 2>&1

@@ -22,9 +22,22 @@ pub mod tfdata;
 
 use std::path::PathBuf;
 
-/// The load generator's tokio worker threads (pinned: servers, clients and
-/// the generator share the machine's cores).
-pub const WORKER_THREADS: usize = 2;
+/// The load generator's tokio worker threads unless `--load-threads` says
+/// otherwise (few: servers, clients and the generator share the machine's
+/// cores).
+pub const DEFAULT_LOAD_THREADS: usize = 2;
+
+static LOAD_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Sets the load generator's worker threads (once, before its runtime).
+pub fn set_load_threads(n: usize) {
+    let _ = LOAD_THREADS.set(n.max(1));
+}
+
+/// The load generator's worker threads.
+pub fn load_threads() -> usize {
+    LOAD_THREADS.get().copied().unwrap_or(DEFAULT_LOAD_THREADS)
+}
 
 /// The workspace root (`COORDSTORE_WORKSPACE` overrides it).
 pub fn workspace() -> PathBuf {

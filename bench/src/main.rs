@@ -10,7 +10,6 @@ use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
     barrier, closures, failover, handoff, jax_latency, kv, memory, parked, propose, replay, tfdata,
-    WORKER_THREADS,
 };
 
 #[derive(Parser)]
@@ -26,6 +25,13 @@ struct Cli {
     /// `--server-flags=--cache-bytes,16777216`.
     #[arg(long, value_delimiter = ',', allow_hyphen_values = true, global = true)]
     server_flags: Vec<String>,
+    /// Tokio worker threads of the load generator (this process: every
+    /// client's calls). Few by default, since on a small machine they take
+    /// cores from the servers; on a large one the default can cap the
+    /// throughput of every peer at many clients (compare with the jaxlib
+    /// built-in peer, in memory, which then does not run faster either).
+    #[arg(long, default_value_t = coordstore_bench::DEFAULT_LOAD_THREADS, global = true)]
+    load_threads: usize,
     #[command(subcommand)]
     suite: Suite,
 }
@@ -174,15 +180,16 @@ enum Suite {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    coordstore_bench::set_load_threads(cli.load_threads);
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKER_THREADS)
+        .worker_threads(coordstore_bench::load_threads())
         .enable_all()
         .build()?
-        .block_on(run())
+        .block_on(run(cli))
 }
 
-async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn run(cli: Cli) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cli.out)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?

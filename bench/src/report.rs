@@ -71,7 +71,7 @@ impl Machine {
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
             memory_gib: (kb / 1024.0 / 1024.0 * 10.0).round() / 10.0,
             kernel,
-            bench_worker_threads: crate::WORKER_THREADS,
+            bench_worker_threads: crate::load_threads(),
             commit,
         }
     }
