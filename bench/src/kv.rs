@@ -29,6 +29,26 @@ pub struct KvRow {
     pub errors: usize,
     /// Latency of acknowledged operations.
     pub latency: Latency,
+    /// CPU time (user + system) of all the peer's server processes over the
+    /// measured seconds, per acknowledged operation, in µs (none where /proc
+    /// could not be read).
+    #[serde(default)]
+    pub server_cpu_us: Option<f64>,
+}
+
+/// CPU time used so far by the processes `pids`, in seconds (user + system,
+/// every thread; /proc counts it in USER_HZ ticks, 100 per second on Linux).
+pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    let mut ticks = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name (which may hold spaces): state, ppid, ...,
+        // utime and stime are the 12th and 13th fields.
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    }
+    Some(ticks as f64 / 100.0)
 }
 
 /// Connections for `clients` clients.
@@ -167,12 +187,15 @@ async fn load(
             Ok(())
         }));
     }
+    let pids: Vec<u32> = (0..peer.len()).filter_map(|i| peer.pid(i)).collect();
     start_line.wait().await;
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds(&pids);
     for t in tasks {
         t.await??;
     }
     let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(&pids).zip(cpu0).map(|(b, a)| b - a);
     let mut samples = std::mem::take(&mut *samples.lock().unwrap());
     let errors = *errors.lock().unwrap();
     Ok(KvRow {
@@ -187,13 +210,31 @@ async fn load(
         seconds: elapsed,
         ops_per_s: samples.len() as f64 / elapsed,
         errors,
+        server_cpu_us: cpu
+            .filter(|_| !samples.is_empty())
+            .map(|c| c * 1e6 / samples.len() as f64),
         latency: summarize(&mut samples),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::connections;
+    use super::{connections, cpu_seconds};
+
+    #[test]
+    fn cpu_seconds_follow_a_busy_process_and_a_missing_one_has_none() {
+        let me = [std::process::id()];
+        let start = cpu_seconds(&me).expect("this process's /proc/PID/stat");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut spin = 0u64;
+        while cpu_seconds(&me).unwrap() < start + 0.05 {
+            assert!(std::time::Instant::now() < deadline, "no CPU time counted");
+            for i in 0..100_000u64 {
+                spin = std::hint::black_box(spin.wrapping_add(i));
+            }
+        }
+        assert!(cpu_seconds(&[u32::MAX]).is_none());
+    }
 
     #[test]
     fn clients_share_connections_in_etcds_shapes() {

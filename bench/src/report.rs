@@ -251,10 +251,10 @@ impl Report {
             s.push('\n');
         }
         if !self.kv.is_empty() {
-            s.push_str("**KV** (256-byte values, clients on the leader; get = linearizable)\n\n| peer | op | clients / conns | ops/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|\n");
+            s.push_str("**KV** (256-byte values, clients on the leader; get = linearizable)\n\n| peer | op | clients / conns | ops/s | p50 ms | p99 ms | errors | server CPU µs/op |\n|---|---|---|---|---|---|---|---|\n");
             for r in &self.kv {
                 s.push_str(&format!(
-                    "| {} | {} | {} / {} | {:.0} | {:.2} | {:.2} | {} |\n",
+                    "| {} | {} | {} / {} | {:.0} | {:.2} | {:.2} | {} | {} |\n",
                     r.peer,
                     r.op,
                     r.clients,
@@ -262,7 +262,8 @@ impl Report {
                     r.ops_per_s,
                     r.latency.p50_ms,
                     r.latency.p99_ms,
-                    r.errors
+                    r.errors,
+                    r.server_cpu_us.map_or("-".into(), |c| format!("{c:.0}"))
                 ));
             }
             s.push('\n');
@@ -697,6 +698,7 @@ mod tests {
             ops_per_s: ops,
             errors: 0,
             latency: lat(p50),
+            server_cpu_us: None,
         }
     }
 
