@@ -464,17 +464,19 @@ mod tests {
         let waiters = KeyWaiters::default();
         let mut state = State::new();
         state.apply(&insert("x"));
-        let before = state.clone();
+        let older = state.clone();
+        state.apply(&insert("y"));
+        state.apply(&insert("z"));
         waiters.changed(&state);
         let a = waiters.register("a".into());
-        state.apply(&insert("y"));
+        // A snapshot installed from behind what was seen, same epoch.
+        assert!(woken(&a, || waiters.changed(&older)));
+        waiters.changed(&state);
         state.apply(&Update {
             command: Some(Command::ResetJobEpoch(ResetJobEpoch::default())),
             ..Default::default()
         });
         assert!(woken(&a, || waiters.changed(&state)));
-        // A snapshot installed from behind what was seen.
-        assert!(woken(&a, || waiters.changed(&before)));
     }
 
     #[test]
