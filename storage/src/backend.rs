@@ -151,6 +151,8 @@ const SNAPSHOT_FILE: &str = "snapshot";
 const SNAPSHOT_MAGIC: &[u8; 8] = b"CSSNAP1\n";
 /// The staging slot of [`Backend::snapshot_put`].
 const SNAPSHOT_PUT_SLOT: &str = "put";
+/// How long an open waits for sled's lock on the database to be released.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// How often the committed marker is rewritten at most.
 const MARKER_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -175,8 +177,25 @@ impl SledBackend {
         std::fs::create_dir_all(dir)
             .map_err(|e| OpenError::new(dir, format!("cannot create it: {e}")))?;
         let config = sled::Config::new().path(dir).cache_capacity(cache_bytes);
-        // sled can panic on some corruptions; a refused start is the answer.
-        let opened = std::panic::catch_unwind(AssertUnwindSafe(|| config.open()));
+        // sled's lock on its file outlives the last handle for a moment:
+        // dropping it flushes the last buffer through a job on sled's own
+        // thread pool, which holds the file until it returns. A reopen in the
+        // same process (a restart in place, tests) waits that out; a node
+        // still running on the dir keeps the lock and is named below.
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        let opened = loop {
+            // sled can panic on some corruptions; a refused start is the answer.
+            let opened = std::panic::catch_unwind(AssertUnwindSafe(|| config.open()));
+            match &opened {
+                Ok(Err(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                _ => break opened,
+            }
+        };
         let db = match opened {
             Ok(Ok(db)) => db,
             Ok(Err(e)) if e.to_string().contains("could not acquire lock") => {

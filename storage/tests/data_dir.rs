@@ -27,6 +27,25 @@ fn stream(
     futures_util::stream::iter(entries.into_iter().map(|e| Ok((e, None))))
 }
 
+/// `sled::open` of a dir whose database was just dropped: sled releases its
+/// file (and its lock) from a job on its thread pool moments after the
+/// last handle goes.
+fn sled_reopen(dir: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sled::open(dir) {
+            Ok(db) => return db,
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("reopening {}: {e}", dir.display()),
+        }
+    }
+}
+
 fn open_err(dir: &Path, identity: &Identity) -> String {
     match storage::open(dir, 8 << 20, identity) {
         Ok(_) => panic!("{} was accepted", dir.display()),
@@ -70,7 +89,7 @@ fn a_dir_of_another_journal_format_is_refused() {
     drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
     // A dir written before the format was recorded (format 1).
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = sled_reopen(dir.path());
         let meta = db.open_tree("meta").unwrap();
         assert!(meta.remove("journal_format").unwrap().is_some());
         db.flush().unwrap();
@@ -86,7 +105,7 @@ fn a_dir_of_another_journal_format_is_refused() {
     );
     // Its own format reopens.
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = sled_reopen(dir.path());
         let meta = db.open_tree("meta").unwrap();
         meta.insert(
             "journal_format",
@@ -241,7 +260,7 @@ async fn a_log_kept_in_sled_moves_to_its_own_files() {
     // As the earlier layout wrote it: big-endian index keys, bincode values.
     std::fs::remove_dir_all(dir.path().join("wal")).unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = sled_reopen(dir.path());
         let tree = db.open_tree("log").unwrap();
         for e in &entries {
             let bytes = bincode::serialize(e).unwrap();
@@ -256,7 +275,7 @@ async fn a_log_kept_in_sled_moves_to_its_own_files() {
         assert_eq!(back[29].log_id, entries[29].log_id);
         assert_eq!(log.last_index().unwrap(), 30);
     }
-    let db = sled::open(dir.path()).unwrap();
+    let db = sled_reopen(dir.path());
     assert!(
         db.open_tree("log").unwrap().is_empty(),
         "sled's copy is gone"
@@ -276,7 +295,7 @@ fn a_corrupted_legacy_snapshot_record_is_refused() {
     }
     {
         // Overwrite the snapshot record with garbage through sled itself.
-        let db = sled::open(dir.path()).unwrap();
+        let db = sled_reopen(dir.path());
         db.open_tree("meta")
             .unwrap()
             .insert("snapshot", &b"\xff\xff garbage"[..])
@@ -340,7 +359,7 @@ async fn a_legacy_snapshot_record_loads_and_gives_way_to_the_next_snapshot() {
     };
     std::fs::remove_file(dir.path().join("snapshot")).unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = sled_reopen(dir.path());
         let record = bincode::serialize(&(&meta, &data)).unwrap();
         db.open_tree("meta")
             .unwrap()
@@ -362,7 +381,7 @@ async fn a_legacy_snapshot_record_loads_and_gives_way_to_the_next_snapshot() {
         .unwrap();
     drop((_log, sm));
     assert!(dir.path().join("snapshot").is_file());
-    let db = sled::open(dir.path()).unwrap();
+    let db = sled_reopen(dir.path());
     assert!(db
         .open_tree("meta")
         .unwrap()
@@ -408,6 +427,30 @@ async fn state_is_rebuilt_from_snapshot_plus_log() {
     );
 }
 
+/// Installs a snapshot from a leader (term 2, node 2) at `index`: a state
+/// holding the one key "from-leader".
+async fn install_from_leader(sm: &mut storage::StateMachine, index: u64) {
+    let mut leader_state = journal::State::new();
+    leader_state.apply(&Update::from(KvInsert {
+        key: "from-leader".into(),
+        value: "x".into(),
+        allow_overwrite: false,
+    }));
+    let meta = storage::SnapshotMeta {
+        last_log_id: Some(LogId::new(
+            LeaderId {
+                term: 2,
+                node_id: 2,
+            },
+            index,
+        )),
+        last_membership: Default::default(),
+    };
+    sm.install_snapshot(&meta, Cursor::new(leader_state.encode_snapshot()))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
     let dir = TempDir::new().unwrap();
@@ -417,29 +460,7 @@ async fn a_late_snapshot_build_never_replaces_a_newer_installed_snapshot() {
     // A build starts at index 5 ...
     let mut late = sm.get_snapshot_builder().await;
     // ... while a snapshot at index 500 arrives from the leader.
-    let mut leader_state = journal::State::new();
-    let u = Update {
-        command: Some(Command::from(KvInsert {
-            key: "from-leader".into(),
-            value: "x".into(),
-            allow_overwrite: false,
-        })),
-        ..Default::default()
-    };
-    leader_state.apply(&u);
-    let meta = storage::SnapshotMeta {
-        last_log_id: Some(LogId::new(
-            LeaderId {
-                term: 2,
-                node_id: 2,
-            },
-            500,
-        )),
-        last_membership: Default::default(),
-    };
-    sm.install_snapshot(&meta, Cursor::new(leader_state.encode_snapshot()))
-        .await
-        .unwrap();
+    install_from_leader(&mut sm, 500).await;
     late.build_snapshot().await.unwrap();
     let current = sm.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(current.meta.last_log_id.unwrap().index, 500);
@@ -527,27 +548,7 @@ async fn an_observer_sees_each_change_before_it_is_published_and_the_stop() {
     assert!(!handle.observe(std::sync::Arc::new(Recorder::default())));
     let entries: Vec<Entry> = (3..=5).map(|i| kv_entry(i, &format!("k{i}"))).collect();
     sm.apply(stream(entries)).await.unwrap();
-    let mut leader_state = journal::State::new();
-    leader_state.apply(&journal::Update::from(
-        journal::pb::coordination::KvInsert {
-            key: "from-leader".into(),
-            value: "x".into(),
-            allow_overwrite: false,
-        },
-    ));
-    let meta = storage::SnapshotMeta {
-        last_log_id: Some(LogId::new(
-            LeaderId {
-                term: 2,
-                node_id: 2,
-            },
-            500,
-        )),
-        last_membership: Default::default(),
-    };
-    sm.install_snapshot(&meta, Cursor::new(leader_state.encode_snapshot()))
-        .await
-        .unwrap();
+    install_from_leader(&mut sm, 500).await;
     // At the observer's start, after the three applies (one call, one
     // change, told before index 5 was published), after the install.
     assert_eq!(*recorder.seen.lock().unwrap(), vec![(2, 2), (5, 2), (1, 5)]);
