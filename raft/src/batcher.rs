@@ -3,6 +3,7 @@
 //! encoding, append and replication are paid once per batch, not per update.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use journal::pb::UpdateBatch;
 use journal::{Outcome, Update};
@@ -71,7 +72,15 @@ impl ProposeError {
 
 pub(crate) struct Pending {
     pub(crate) update: Update,
-    pub(crate) reply: oneshot::Sender<Result<Applied, ProposeError>>,
+    pub(crate) reply: oneshot::Sender<Answer>,
+    /// When it was queued.
+    pub(crate) queued: Instant,
+}
+
+/// A proposal's answer and when it was sent (for the `resume` stage).
+pub(crate) struct Answer {
+    pub(crate) result: Result<Applied, ProposeError>,
+    pub(crate) sent: Instant,
 }
 
 /// Starts the batcher task; proposals go into the returned queue.
@@ -102,15 +111,23 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings
                 Err(_) => break,
             }
         }
-        let (updates, replies): (Vec<Update>, Vec<_>) =
-            batch.into_iter().map(|p| (p.update, p.reply)).unzip();
+        let formed = Instant::now();
+        let (updates, replies): (Vec<Update>, Vec<_>) = batch
+            .into_iter()
+            .map(|p| {
+                crate::metrics::STAGE_QUEUE.observe(secs(p.queued, formed));
+                (p.update, p.reply)
+            })
+            .unzip();
         crate::metrics::BATCH_UPDATES.observe(updates.len() as f64);
         let proposal = Proposal::new(UpdateBatch { updates });
         // Answered where the entry is applied (see `CallbackResponder`);
         // the slot is free again once it is.
         let responder = CallbackResponder::new(move |result: Option<WriteResult>| {
             drop(permit);
-            deliver(result, replies);
+            let sent = Instant::now();
+            crate::metrics::STAGE_COMMIT.observe(secs(formed, sent));
+            deliver(result, replies, sent);
         });
         if let Err(fatal) = raft.client_write_ff(proposal, Some(responder)).await {
             // The responder went with the refused write and answered its
@@ -124,15 +141,20 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings
 type WriteResult =
     Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<TypeConfig>>;
 
-fn deliver(
-    result: Option<WriteResult>,
-    replies: Vec<oneshot::Sender<Result<Applied, ProposeError>>>,
-) {
+/// Seconds from `from` to `to`.
+pub(crate) fn secs(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+}
+
+fn deliver(result: Option<WriteResult>, replies: Vec<oneshot::Sender<Answer>>, sent: Instant) {
     let error = match result {
         Some(Ok(resp)) if resp.data.0.len() == replies.len() => {
             let log_index = resp.log_id.index;
             for (r, outcome) in replies.into_iter().zip(resp.data.0) {
-                let _ = r.send(Ok(Applied { outcome, log_index }));
+                let _ = r.send(Answer {
+                    result: Ok(Applied { outcome, log_index }),
+                    sent,
+                });
             }
             return;
         }
@@ -145,6 +167,9 @@ fn deliver(
         None => ProposeError::Fatal("raft stopped".into()),
     };
     for r in replies {
-        let _ = r.send(Err(error.clone()));
+        let _ = r.send(Answer {
+            result: Err(error.clone()),
+            sent,
+        });
     }
 }

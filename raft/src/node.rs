@@ -343,12 +343,20 @@ impl RaftNode {
     /// Proposes one update through the write batcher; `NotLeader` on a follower.
     pub async fn propose(&self, update: Update) -> Result<Applied, ProposeError> {
         let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            update,
+            reply,
+            queued: std::time::Instant::now(),
+        };
         self.writes
-            .send(Pending { update, reply })
+            .send(pending)
             .await
             .map_err(|_| ProposeError::Fatal("the write batcher stopped".into()))?;
-        rx.await
-            .map_err(|_| ProposeError::Fatal("the write batcher dropped the proposal".into()))?
+        let answer = rx
+            .await
+            .map_err(|_| ProposeError::Fatal("the write batcher dropped the proposal".into()))?;
+        crate::metrics::STAGE_RESUME.observe(batcher::secs(answer.sent, std::time::Instant::now()));
+        answer.result
     }
 
     /// Waits until a linearizable read of the local state is safe (leader

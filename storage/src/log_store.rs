@@ -17,6 +17,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{EntryPayload, OptionalSend, RaftLogReader};
@@ -175,8 +176,8 @@ impl Tail {
 
 /// Work for the flusher thread.
 enum Flush {
-    /// An append to make durable and report.
-    Append(IOFlushed<TypeConfig>),
+    /// An append to make durable and report, and when it was written.
+    Append(IOFlushed<TypeConfig>, Instant),
     /// Report every append queued before this, then answer.
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
@@ -323,14 +324,14 @@ fn flush_loop(
         let committed = committed.load(AtomicOrdering::Acquire).checked_sub(1);
         for job in std::iter::once(first).chain(queue.try_iter()) {
             match job {
-                Flush::Append(cb) => done.push(cb),
+                Flush::Append(cb, written) => done.push((cb, written)),
                 Flush::Barrier(tx) => barriers.push(tx),
             }
         }
         // Appends queued before this pass were flushed by an earlier one.
         let mut flushed = Ok(());
         if !done.is_empty() {
-            let t0 = std::time::Instant::now();
+            let t0 = Instant::now();
             flushed = match backend.upgrade() {
                 Some(b) => b.flush(),
                 None => Err(io::Error::other("the database is closed")),
@@ -338,10 +339,17 @@ fn flush_loop(
             crate::metrics::FLUSH_SECONDS.observe(t0.elapsed().as_secs_f64());
             crate::metrics::FLUSH_APPENDS.observe(done.len() as f64);
             match &flushed {
-                Ok(()) => done.into_iter().for_each(|cb| cb.io_completed(Ok(()))),
+                Ok(()) => {
+                    let now = Instant::now();
+                    for (cb, written) in done {
+                        crate::metrics::APPEND_DURABLE_SECONDS
+                            .observe(now.saturating_duration_since(written).as_secs_f64());
+                        cb.io_completed(Ok(()));
+                    }
+                }
                 Err(e) => {
                     tracing::error!("flushing the log failed: {e}");
-                    for cb in done {
+                    for (cb, _) in done {
                         cb.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
                     }
                 }
@@ -454,8 +462,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // without a thread hop.
         self.backend.log_append(&records)?;
         self.tail().push(&entries);
-        if let Err(mpsc::SendError(Flush::Append(callback))) =
-            self.flusher.send(Flush::Append(callback))
+        if let Err(mpsc::SendError(Flush::Append(callback, _))) =
+            self.flusher.send(Flush::Append(callback, Instant::now()))
         {
             let e = io::Error::other("the log flusher stopped");
             callback.io_completed(Err(io::Error::other(e.to_string())));

@@ -414,6 +414,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             + OptionalSend,
     {
         let entries: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
+        let started = std::time::Instant::now();
         let mut answers = Vec::with_capacity(entries.len());
         let last_index = {
             let mut d = self.shared.write();
@@ -449,6 +450,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         self.changed();
         self.shared.applied.send_replace(last_index);
+        crate::metrics::APPLY_SECONDS.observe(started.elapsed().as_secs_f64());
         for (r, outcomes) in answers {
             r.send(outcomes);
         }

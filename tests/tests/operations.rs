@@ -175,6 +175,24 @@ async fn metrics_pass_promtool_and_count_what_was_done() {
         batched >= 25.0 && entries >= 1.0,
         "{batched} updates in {entries} entries"
     );
+    // Where the writes' time went, by stage: each put waited in the queue
+    // and resumed once, each batch committed once; each append became
+    // durable, each run of entries was applied.
+    let stage = |s: &str| {
+        sample(
+            &text,
+            &format!("coordstore_raft_write_stage_seconds_count{{stage=\"{s}\"}}"),
+        )
+        .unwrap_or(-1.0)
+    };
+    assert!(stage("queue") >= 25.0, "{text}");
+    assert!(stage("resume") >= 25.0, "{text}");
+    assert!(
+        stage("commit") >= 1.0 && stage("commit") <= entries,
+        "{text}"
+    );
+    assert!(sample(&text, "coordstore_storage_append_durable_seconds_count").unwrap() >= 1.0);
+    assert!(sample(&text, "coordstore_storage_apply_seconds_count").unwrap() >= 1.0);
 
     // Parked calls by kind: the agent's standing PollForError and a
     // blocking get of a missing key, each under its own kind; the get
