@@ -5,55 +5,57 @@ use std::sync::LazyLock;
 
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter, IntGauge};
 
+/// A histogram of `count` buckets: the first bound `first`, each next bound
+/// twice the one before.
+fn histogram(name: &str, help: &str, first: f64, count: usize) -> Histogram {
+    Histogram::with_opts(
+        HistogramOpts::new(name, help)
+            .buckets(exponential_buckets(first, 2.0, count).expect("valid buckets")),
+    )
+    .expect("valid histogram")
+}
+
 /// Duration of each log flush (sled flush + fdatasync): one per group of
 /// appends.
 pub static FLUSH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
-    Histogram::with_opts(
-        HistogramOpts::new(
-            "storage_flush_seconds",
-            "Log flush (sled flush and fdatasync) duration, one per group of appends",
-        )
-        .buckets(exponential_buckets(0.000_05, 2.0, 20).expect("valid buckets")),
+    histogram(
+        "storage_flush_seconds",
+        "Log flush (sled flush and fdatasync) duration, one per group of appends",
+        0.000_05,
+        20,
     )
-    .expect("valid histogram")
 });
 
 /// Appended batches made durable by one flush (group commit size).
 pub static FLUSH_APPENDS: LazyLock<Histogram> = LazyLock::new(|| {
-    Histogram::with_opts(
-        HistogramOpts::new(
-            "storage_flush_appends",
-            "Appended batches of Raft entries made durable by one flush",
-        )
-        .buckets(exponential_buckets(1.0, 2.0, 12).expect("valid buckets")),
+    histogram(
+        "storage_flush_appends",
+        "Appended batches of Raft entries made durable by one flush",
+        1.0,
+        12,
     )
-    .expect("valid histogram")
 });
 
 /// From an append (written, not yet durable) until the flusher reports it
 /// durable: the flush it waits for, and the one in progress before it.
 pub static APPEND_DURABLE_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
-    Histogram::with_opts(
-        HistogramOpts::new(
-            "storage_append_durable_seconds",
-            "Time from a log append until it is reported durable (fdatasync)",
-        )
-        .buckets(exponential_buckets(0.000_01, 2.0, 20).expect("valid buckets")),
+    histogram(
+        "storage_append_durable_seconds",
+        "Time from a log append until it is reported durable (fdatasync)",
+        0.000_01,
+        20,
     )
-    .expect("valid histogram")
 });
 
 /// Applying a run of committed entries to the state (the answers to their
 /// writers excluded).
 pub static APPLY_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
-    Histogram::with_opts(
-        HistogramOpts::new(
-            "storage_apply_seconds",
-            "Time to apply a run of committed entries to the state",
-        )
-        .buckets(exponential_buckets(0.000_001, 2.0, 24).expect("valid buckets")),
+    histogram(
+        "storage_apply_seconds",
+        "Time to apply a run of committed entries to the state",
+        0.000_001,
+        24,
     )
-    .expect("valid histogram")
 });
 
 /// Snapshots built.
