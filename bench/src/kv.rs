@@ -34,6 +34,60 @@ pub struct KvRow {
     /// could not be read).
     #[serde(default)]
     pub server_cpu_us: Option<f64>,
+    /// Where the leader's writes spent their time over the measured seconds
+    /// (coordstore puts; from its `/metrics`).
+    #[serde(default)]
+    pub stages: Option<WriteStages>,
+}
+
+/// Means over a measured span, from the leader's histograms (µs unless
+/// named otherwise): the write stage metrics and the pieces inside them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WriteStages {
+    /// An update waiting in the write batcher (`write_stage{queue}`).
+    pub queue_us: Option<f64>,
+    /// A batch from its proposal until answered (`write_stage{commit}`).
+    pub commit_us: Option<f64>,
+    /// The answer until the proposer runs (`write_stage{resume}`).
+    pub resume_us: Option<f64>,
+    /// Updates per Raft entry (`raft_batch_updates`).
+    pub updates_per_entry: Option<f64>,
+    /// One group fdatasync on the leader (`storage_flush_seconds`).
+    pub fdatasync_us: Option<f64>,
+    /// Applying a run of entries (`storage_apply_seconds`).
+    pub apply_us: Option<f64>,
+}
+
+impl WriteStages {
+    /// The means between two scrapes of one node's `/metrics`.
+    pub fn between(before: &str, after: &str) -> WriteStages {
+        let mean = |base: &str, labels: &str, scale: f64| {
+            let delta = |suffix: &str| {
+                let name = format!("{base}_{suffix}{labels}");
+                Some(
+                    coordstore_tests::metric_sample(after, &name)?
+                        - coordstore_tests::metric_sample(before, &name).unwrap_or(0.0),
+                )
+            };
+            let (sum, count) = (delta("sum")?, delta("count")?);
+            (count > 0.0).then(|| sum / count * scale)
+        };
+        let stage = |s: &str| {
+            mean(
+                "coordstore_raft_write_stage_seconds",
+                &format!("{{stage=\"{s}\"}}"),
+                1e6,
+            )
+        };
+        WriteStages {
+            queue_us: stage("queue"),
+            commit_us: stage("commit"),
+            resume_us: stage("resume"),
+            updates_per_entry: mean("coordstore_raft_batch_updates", "", 1.0),
+            fdatasync_us: mean("coordstore_storage_flush_seconds", "", 1e6),
+            apply_us: mean("coordstore_storage_apply_seconds", "", 1e6),
+        }
+    }
 }
 
 /// CPU time used so far by the processes `pids`, in seconds (user + system,
@@ -188,14 +242,27 @@ async fn load(
         }));
     }
     let pids: Vec<u32> = (0..peer.len()).filter_map(|i| peer.pid(i)).collect();
+    // The leader's metrics, for the write stages of puts.
+    let leader = (0..peer.len()).find(|&i| peer.addr(i) == addr);
+    let scrape = || async {
+        match (op, leader) {
+            (Op::Put, Some(i)) => peer.metrics(i).await,
+            _ => None,
+        }
+    };
     start_line.wait().await;
     let t0 = Instant::now();
     let cpu0 = cpu_seconds(&pids);
+    let metrics0 = scrape().await;
     for t in tasks {
         t.await??;
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds(&pids).zip(cpu0).map(|(b, a)| b - a);
+    let stages = match (metrics0, scrape().await) {
+        (Some(a), Some(b)) => Some(WriteStages::between(&a, &b)),
+        _ => None,
+    };
     let mut samples = std::mem::take(&mut *samples.lock().unwrap());
     let errors = *errors.lock().unwrap();
     Ok(KvRow {
@@ -213,13 +280,50 @@ async fn load(
         server_cpu_us: cpu
             .filter(|_| !samples.is_empty())
             .map(|c| c * 1e6 / samples.len() as f64),
+        stages,
         latency: summarize(&mut samples),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{connections, cpu_seconds};
+    use super::{connections, cpu_seconds, WriteStages};
+
+    #[test]
+    fn write_stages_are_the_means_between_two_scrapes() {
+        let before = "\
+coordstore_raft_write_stage_seconds_sum{stage=\"queue\"} 1
+coordstore_raft_write_stage_seconds_count{stage=\"queue\"} 1000
+coordstore_raft_write_stage_seconds_sum{stage=\"commit\"} 2
+coordstore_raft_write_stage_seconds_count{stage=\"commit\"} 100
+coordstore_raft_batch_updates_sum 1000
+coordstore_raft_batch_updates_count 100
+coordstore_storage_flush_seconds_sum 0.5
+coordstore_storage_flush_seconds_count 90
+";
+        let after = "\
+coordstore_raft_write_stage_seconds_sum{stage=\"queue\"} 1.3
+coordstore_raft_write_stage_seconds_count{stage=\"queue\"} 2000
+coordstore_raft_write_stage_seconds_sum{stage=\"commit\"} 2.05
+coordstore_raft_write_stage_seconds_count{stage=\"commit\"} 200
+coordstore_raft_write_stage_seconds_sum{stage=\"resume\"} 0.1
+coordstore_raft_write_stage_seconds_count{stage=\"resume\"} 1000
+coordstore_raft_batch_updates_sum 2500
+coordstore_raft_batch_updates_count 200
+coordstore_storage_flush_seconds_sum 0.5
+coordstore_storage_flush_seconds_count 90
+";
+        let st = WriteStages::between(before, after);
+        let near = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 1e-6);
+        // 0.3 s over 1000 updates; 0.05 s over 100 batches; a stage first
+        // exposed in between counts from zero.
+        assert!(near(st.queue_us, 300.0), "{st:?}");
+        assert!(near(st.commit_us, 500.0), "{st:?}");
+        assert!(near(st.resume_us, 100.0), "{st:?}");
+        assert!(near(st.updates_per_entry, 15.0), "{st:?}");
+        // No flush in between, no apply metric at all: no mean.
+        assert_eq!((st.fdatasync_us, st.apply_us), (None, None), "{st:?}");
+    }
 
     #[test]
     fn cpu_seconds_follow_a_busy_process_and_a_missing_one_has_none() {

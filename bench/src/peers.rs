@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use coordstore_tests::jax::PyProc;
-use coordstore_tests::{wire, Cluster};
+use coordstore_tests::{free_port, http_get, wire, Cluster};
 use proto::xla::coordination_service_client::CoordinationServiceClient;
 use proto::xla::{
     GetKeyValueRequest, Incarnations, InsertKeyValueRequest, KeyValueEntry, RegisterTaskRequest,
@@ -83,6 +83,9 @@ pub struct Peer {
     pub service_incarnation: u64,
     /// How long registering every task took, ms (xla peers).
     pub register_ms: f64,
+    /// Each coordstore node's `--metrics-listen` address (none for the
+    /// other peers).
+    metrics: Vec<String>,
 }
 
 impl Peer {
@@ -97,6 +100,7 @@ impl Peer {
     pub async fn start_with(kind: PeerKind, tasks: u32, extra: &[&str]) -> anyhow::Result<Peer> {
         let tasks_s = tasks.to_string();
         let hb = (HEARTBEAT_TIMEOUT_S * 1000).to_string();
+        let mut metrics = Vec::new();
         let inner = match kind {
             PeerKind::Coordstore3 | PeerKind::Coordstore1 => {
                 let n = if kind == PeerKind::Coordstore3 { 3 } else { 1 };
@@ -113,7 +117,13 @@ impl Peer {
                 ];
                 flags.extend_from_slice(extra);
                 flags.extend(SERVER_FLAGS.get().into_iter().flatten().map(String::as_str));
-                let cluster = Cluster::start(n, &flags);
+                metrics = (0..n)
+                    .map(|_| format!("127.0.0.1:{}", free_port()))
+                    .collect();
+                let m = metrics.clone();
+                let cluster = Cluster::start_each(n, &flags, move |i| {
+                    vec!["--metrics-listen".into(), m[i].clone()]
+                });
                 let all: Vec<usize> = (0..n).collect();
                 cluster.wait_leader(&all, Duration::from_secs(60)).await;
                 Inner::Coordstore(cluster)
@@ -165,6 +175,7 @@ impl Peer {
             inner,
             service_incarnation: 0,
             register_ms: 0.0,
+            metrics,
         };
         if kind.is_xla() {
             peer.register_all(tasks.max(1) as usize).await?;
@@ -227,6 +238,17 @@ impl Peer {
             Inner::Etcd(c) => c.members[i].addr.clone(),
             Inner::Builtin { addr, .. } => addr.clone(),
         }
+    }
+
+    /// The Prometheus exposition of server `i` (coordstore peers; None for
+    /// the others, or if it does not answer).
+    pub async fn metrics(&self, i: usize) -> Option<String> {
+        let addr = self.metrics.get(i)?.clone();
+        tokio::task::spawn_blocking(move || http_get(&addr, "/metrics"))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|(status, body)| (status == 200).then_some(body))
     }
 
     /// Process id of server `i`.

@@ -267,6 +267,30 @@ impl Report {
                 ));
             }
             s.push('\n');
+            let staged: Vec<_> = self
+                .kv
+                .iter()
+                .filter_map(|r| Some((r, r.stages.as_ref()?)))
+                .collect();
+            if !staged.is_empty() {
+                s.push_str("**Where the leader's puts spent their time** (means over the measured seconds, from its `/metrics`: `queue` in the write batcher, `commit` a batch from proposal to answer, `resume` the answer until the handler runs; µs)\n\n| peer | clients | queue | commit | resume | updates per entry | fdatasync | apply a run |\n|---|---|---|---|---|---|---|---|\n");
+                let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+                for (r, st) in staged {
+                    s.push_str(&format!(
+                        "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        r.peer,
+                        r.clients,
+                        f(st.queue_us),
+                        f(st.commit_us),
+                        f(st.resume_us),
+                        st.updates_per_entry
+                            .map_or("-".into(), |v| format!("{v:.1}")),
+                        f(st.fdatasync_us),
+                        f(st.apply_us),
+                    ));
+                }
+                s.push('\n');
+            }
         }
         if !self.handoff.is_empty() {
             s.push_str("**Blocking-get hand-off** (set start → waiter woken)\n\n| peer | p50 ms | p90 ms | p99 ms | n |\n|---|---|---|---|---|\n");
@@ -699,6 +723,7 @@ mod tests {
             errors: 0,
             latency: lat(p50),
             server_cpu_us: None,
+            stages: None,
         }
     }
 

@@ -71,6 +71,30 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// GET `path` from `addr` over HTTP/1.0 (a node's `--metrics-listen`
+/// port): (status, body); None if the connection fails.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Some((status, body))
+}
+
+/// The value of the sample `name` (with its label set, as exposed) in a
+/// Prometheus text exposition.
+pub fn metric_sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// One `coordstore serve` process.
 pub struct NodeProc {
     /// Node id (0 for a relay).

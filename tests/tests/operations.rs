@@ -3,26 +3,10 @@
 //! against what the test did), `/healthz`, `/readyz` and the gRPC health
 //! service through the loss of quorum and its return.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
-use coordstore_tests::{free_port, Cluster, Writer};
-
-/// GET `path` from `addr` over HTTP/1.0: (status, body); None if the
-/// connection fails.
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    Some((status, body))
-}
+use coordstore_tests::{free_port, http_get, metric_sample as sample, Cluster, Writer};
 
 fn wait_http(addr: &str, path: &str, want: u16, wait: Duration) -> String {
     let deadline = Instant::now() + wait;
@@ -39,12 +23,6 @@ fn wait_http(addr: &str, path: &str, want: u16, wait: Duration) -> String {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// The value of the sample `name` (with its label set, as exposed).
-fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 fn promtool() -> String {
