@@ -31,6 +31,10 @@ pub struct RaftSettings {
     pub max_message_bytes: usize,
     /// Queued proposals before callers wait.
     pub proposal_queue: usize,
+    /// Threads of a runtime of Raft's own (its core, state machine,
+    /// replication streams, the write batcher and read coalescer); 0 runs
+    /// them on the caller's runtime.
+    pub raft_threads: usize,
 }
 
 impl Default for RaftSettings {
@@ -47,6 +51,7 @@ impl Default for RaftSettings {
             max_inflight_batches: 2,
             max_message_bytes: 1 << 30,
             proposal_queue: 65_536,
+            raft_threads: 0,
         }
     }
 }

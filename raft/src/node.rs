@@ -194,6 +194,41 @@ pub struct RaftNode {
     election_timeout: std::time::Duration,
     contact: Arc<Contact>,
     peer_token: PeerToken,
+    _runtime: RaftRuntime,
+}
+
+/// The runtime Raft's tasks run on: one of their own, or the caller's.
+struct RaftRuntime(Option<tokio::runtime::Runtime>);
+
+impl RaftRuntime {
+    fn new(threads: usize) -> Result<Self, StartError> {
+        if threads == 0 {
+            return Ok(RaftRuntime(None));
+        }
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("raft")
+            .enable_all()
+            .build()
+            .map(|rt| RaftRuntime(Some(rt)))
+            .map_err(|e| StartError::Raft(format!("cannot start Raft's runtime: {e}")))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(rt) => rt.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+impl Drop for RaftRuntime {
+    fn drop(&mut self) {
+        // Dropped from async code too, where waiting would panic.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl RaftNode {
@@ -233,8 +268,14 @@ impl RaftNode {
             contact.clone(),
             peer_token.clone(),
         );
-        let raft = Raft::new(cfg.node_id, config, network, log, sm)
+        let runtime = RaftRuntime::new(cfg.settings.raft_threads)?;
+        let handle = runtime.handle();
+        let node_id = cfg.node_id;
+        // openraft spawns its tasks on the runtime it starts on.
+        let raft = handle
+            .spawn(async move { Raft::new(node_id, config, network, log, sm).await })
             .await
+            .map_err(|e| StartError::Raft(format!("openraft's start task failed: {e}")))?
             .map_err(|e| StartError::Raft(format!("openraft failed to start: {e}")))?;
         tokio::spawn(hold_elections(
             raft.clone(),
@@ -249,8 +290,13 @@ impl RaftNode {
                 cfg.settings.snapshot_log_bytes,
             ));
         }
-        let writes = batcher::spawn(raft.clone(), &cfg.settings);
-        let reads = reads::spawn(raft.clone(), state.clone(), read_floor);
+        let (writes, reads) = {
+            let _on = handle.enter();
+            (
+                batcher::spawn(raft.clone(), &cfg.settings),
+                reads::spawn(raft.clone(), state.clone(), read_floor),
+            )
+        };
         Ok(Arc::new(RaftNode {
             id: cfg.node_id,
             cluster_id: cfg.cluster_id.clone(),
@@ -267,6 +313,7 @@ impl RaftNode {
             ),
             contact,
             peer_token,
+            _runtime: runtime,
         }))
     }
 
@@ -512,6 +559,32 @@ mod tests {
     /// shut down a proposal gets an error instead of waiting forever.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn proposals_are_answered_once_applied_and_refused_after_shutdown() {
+        proposals_answered_then_refused(RaftSettings::default()).await;
+    }
+
+    /// The same with Raft on a runtime of its own, whose thread is there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn raft_on_a_runtime_of_its_own_answers_the_same() {
+        let threads = || {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter(|t| {
+                    let comm = t.as_ref().unwrap().path().join("comm");
+                    std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "raft")
+                })
+                .count()
+        };
+        let settings = RaftSettings {
+            raft_threads: 1,
+            ..RaftSettings::default()
+        };
+        let before = threads();
+        let node = proposals_answered_then_refused(settings).await;
+        assert!(threads() > before, "no thread of Raft's own runtime");
+        drop(node);
+    }
+
+    async fn proposals_answered_then_refused(settings: RaftSettings) -> std::sync::Arc<RaftNode> {
         let dir = tempfile::tempdir().unwrap();
         let node = RaftNode::start(NodeConfig {
             node_id: 1,
@@ -519,7 +592,7 @@ mod tests {
             data_dir: dir.path().to_path_buf(),
             cluster_id: "test".into(),
             cache_bytes: 1 << 20,
-            settings: RaftSettings::default(),
+            settings,
             peer_overrides: Default::default(),
             peer_token: None,
             peer_tls: None,
@@ -564,6 +637,7 @@ mod tests {
             .await
             .expect("answered, not left waiting");
         assert!(matches!(after, Err(ProposeError::Fatal(_))), "{after:?}");
+        node
     }
 
     #[test]

@@ -116,6 +116,10 @@ pub struct ServeOptions {
     /// [default: one per CPU]
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    /// Threads of a runtime of Raft's own (core, state machine, replication,
+    /// write batcher); 0 runs them on the node's runtime [default: 0]
+    #[arg(long)]
+    pub raft_threads: Option<usize>,
     /// Raft heartbeat interval [default: 100]
     #[arg(long)]
     pub raft_heartbeat_ms: Option<u64>,
@@ -394,6 +398,7 @@ impl ServeOptions {
             keep_behind_snapshot,
             max_inflight_batches,
             worker_threads,
+            raft_threads,
             raft_heartbeat_ms,
             election_timeout_ms,
             leader_wait_ms,
@@ -510,6 +515,9 @@ impl ServeOptions {
         }
         if let Some(v) = self.max_inflight_batches {
             raft.max_inflight_batches = v.max(1);
+        }
+        if let Some(v) = self.raft_threads {
+            raft.raft_threads = v;
         }
         if let Some(v) = self.raft_heartbeat_ms {
             raft.heartbeat_interval_ms = v;
@@ -696,12 +704,18 @@ mod tests {
         assert_eq!(opts().resolve().unwrap().raft.max_inflight_batches, 2);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, "max_inflight_batches = 8\nsnapshot_log_bytes = 0\n").unwrap();
+        std::fs::write(
+            &file,
+            "max_inflight_batches = 8\nsnapshot_log_bytes = 0\nraft_threads = 1\n",
+        )
+        .unwrap();
         let mut o = opts();
         o.config = Some(file);
         let c = o.resolve().unwrap();
         assert_eq!(c.raft.max_inflight_batches, 8);
         assert_eq!(c.raft.snapshot_log_bytes, 0);
+        assert_eq!(c.raft.raft_threads, 1);
+        assert_eq!(opts().resolve().unwrap().raft.raft_threads, 0);
         // None in flight would never propose: at least one.
         let mut o = opts();
         o.max_inflight_batches = Some(0);

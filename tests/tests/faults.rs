@@ -75,7 +75,17 @@ async fn leader(cluster: &Cluster, among: &[usize]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_leaders_and_followers_at_random() {
-    scenario(&[], |mut cluster, phase| async move {
+    sigkill_at_random(&[]).await;
+}
+
+/// The same with Raft on a runtime of its own on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_with_raft_on_a_runtime_of_its_own() {
+    sigkill_at_random(&["--raft-threads", "1"]).await;
+}
+
+async fn sigkill_at_random(extra: &[&str]) {
+    scenario(extra, |mut cluster, phase| async move {
         let end = tokio::time::Instant::now() + phase;
         while tokio::time::Instant::now() < end {
             let victim = if rand::random::<bool>() {
