@@ -246,13 +246,13 @@ impl Router {
 
     async fn propose_inner(&self, mut u: Update, may_forward: bool) -> Result<Applied, Status> {
         let _lane = self.stamp_origin(&mut u);
-        let bytes = u.encode_to_vec();
         let u = &u;
         self.on_leader(
             may_forward,
             || self.leader.propose(u),
             |mut client| {
-                let bytes = bytes.clone();
+                // Encoded for a forward only: the leader proposes `u` itself.
+                let bytes = u.encode_to_vec();
                 async move {
                     let req = forwarded(ProposeRequest {
                         update: bytes.into(),
