@@ -194,6 +194,8 @@ pub struct RaftNode {
     election_timeout: std::time::Duration,
     contact: Arc<Contact>,
     peer_token: PeerToken,
+    /// Role, leader and membership, read without copying the full metrics.
+    server: ServerWatch,
     _runtime: RaftRuntime,
 }
 
@@ -297,6 +299,7 @@ impl RaftNode {
                 reads::spawn(raft.clone(), state.clone(), read_floor),
             )
         };
+        let server = raft.server_metrics();
         Ok(Arc::new(RaftNode {
             id: cfg.node_id,
             cluster_id: cfg.cluster_id.clone(),
@@ -313,6 +316,7 @@ impl RaftNode {
             ),
             contact,
             peer_token,
+            server,
             _runtime: runtime,
         }))
     }
@@ -459,7 +463,7 @@ impl RaftNode {
 
     /// The leader as this node knows it: (id, address).
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        let m = self.metrics();
+        let m = self.server.borrow_watched();
         let id = m.current_leader?;
         let addr = m
             .membership_config
@@ -471,7 +475,7 @@ impl RaftNode {
 
     /// This node's role.
     pub fn role(&self) -> Role {
-        match self.metrics().state {
+        match self.server.borrow_watched().state {
             ServerState::Leader => Role::Leader,
             ServerState::Learner => Role::Learner,
             ServerState::Shutdown => Role::Shutdown,
@@ -481,7 +485,7 @@ impl RaftNode {
 
     /// Every member: (id, address, is_voter).
     pub fn members(&self) -> Vec<(NodeId, String, bool)> {
-        let m = self.metrics();
+        let m = self.server.borrow_watched();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         membership
