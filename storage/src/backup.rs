@@ -24,7 +24,8 @@ use openraft::{BasicNode, Membership};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::backend::{sync_dir, Backend, Identity, OpenError, SledBackend};
+use crate::backend::{Backend, DiskBackend, Identity, OpenError};
+use crate::fs::sync_parent;
 use crate::log_store::encode;
 use crate::types::{LeaderId, LogId, NodeId, SnapshotMeta, StoredMembership};
 
@@ -102,10 +103,7 @@ impl Backup {
         f.write_all(&self.encode()?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
-        match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(dir) => sync_dir(dir),
-            None => sync_dir(Path::new(".")),
-        }
+        sync_parent(path)
     }
 
     /// The file's bytes.
@@ -228,8 +226,11 @@ pub fn restore(
         last_membership: StoredMembership::new(Some(log_id), membership),
     };
     let meta = encode(&meta).map_err(|e| refuse(format!("cannot encode the metadata: {e}")))?;
-    let sled = SledBackend::open(dir, crate::DEFAULT_CACHE_BYTES, identity)?;
-    let backend: Arc<dyn Backend> = Arc::new(sled);
+    let backend: Arc<dyn Backend> = Arc::new(DiskBackend::open(
+        dir,
+        crate::DEFAULT_CACHE_BYTES,
+        identity,
+    )?);
     backend
         .snapshot_put(&meta, &backup.data)
         .map_err(|e| refuse(format!("cannot write the snapshot: {e}")))?;

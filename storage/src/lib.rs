@@ -1,9 +1,12 @@
-//! coordstore-storage: the node's durable journal. One sled database per node
-//! holds the Raft log (big-endian u64 keys), the vote, the committed index and
-//! the newest snapshot. The state machine is a `journal::State` held in memory
+//! coordstore-storage: the node's durable journal. A data dir holds three
+//! stores behind the crate's own [`Backend`] trait ([`DiskBackend`]): the Raft
+//! log in segment files of its own (`wal/`, allocated ahead, one fdatasync
+//! per group of appends), sled for metadata (the vote, the purge point, the
+//! dir's identity and journal format; bounded cache), and the newest
+//! snapshot in a file of its own; beside them a marker of the highest
+//! committed index. The state machine is a `journal::State` held in memory
 //! and rebuilt at start from that snapshot plus the log after it: restart is
-//! journal replay. sled sits behind the crate's own [`Backend`] trait, with a
-//! bounded cache; a data dir of another cluster or node, or a corrupted one,
+//! journal replay. A data dir of another cluster or node, or a corrupted one,
 //! is refused with an error naming the path and the reason.
 //!
 //! The openraft type configuration ([`TypeConfig`]) lives here too: an entry
@@ -12,8 +15,11 @@
 
 mod backend;
 pub mod backup;
+mod fs;
 mod log_store;
+mod meta;
 pub mod metrics;
+mod snapshot_file;
 mod state_machine;
 mod types;
 mod wal;
@@ -21,7 +27,7 @@ mod wal;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use backend::{Backend, Identity, OpenError, SledBackend, SnapshotFill};
+pub use backend::{Backend, DiskBackend, Identity, OpenError, SnapshotFill};
 pub use log_store::LogStore;
 pub use state_machine::{ApplyObserver, SnapshotBuilder, StateHandle, StateMachine};
 pub use types::{
@@ -39,9 +45,9 @@ pub fn open(
     cache_bytes: u64,
     identity: &Identity,
 ) -> Result<(LogStore, StateMachine), OpenError> {
-    let sled = SledBackend::open(dir, cache_bytes, identity)?;
-    let marker = sled.committed_marker();
-    let backend: Arc<dyn Backend> = Arc::new(sled);
+    let disk = DiskBackend::open(dir, cache_bytes, identity)?;
+    let marker = disk.committed_marker();
+    let backend: Arc<dyn Backend> = Arc::new(disk);
     let log = LogStore::new(backend.clone(), identity.node_id);
     log.check_readable().map_err(|r| OpenError::new(dir, r))?;
     let sm = StateMachine::open(backend).map_err(|r| OpenError::new(dir, r))?;

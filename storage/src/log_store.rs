@@ -1,7 +1,7 @@
 //! The Raft log, vote and committed index on a [`Backend`]: openraft's
 //! `RaftLogStorage`.
 //!
-//! An append is written to sled and returns at once (the entries are
+//! An append is written to the log files and returns at once (the entries are
 //! readable, so replication can send them); a flusher thread makes them
 //! durable and only then tells Raft (`IOFlushed`), so the leader's own
 //! fsync runs while the entries are on their way to the followers, and the

@@ -23,7 +23,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::backend::sync_dir;
+use crate::fs::sync_dir;
 
 /// A segment is closed once it holds this many bytes.
 const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;

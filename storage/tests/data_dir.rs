@@ -490,7 +490,7 @@ async fn a_staged_snapshot_of_the_wrong_length_is_refused() {
     let dir = TempDir::new().unwrap();
     snapshot_of_ten(dir.path()).await;
     let before = std::fs::read(dir.path().join("snapshot")).unwrap();
-    let backend = storage::SledBackend::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
+    let backend = storage::DiskBackend::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap();
     for written in [9usize, 11] {
         let err = backend
             .snapshot_stage("build", b"meta", 10, &mut |w| {
