@@ -59,6 +59,13 @@ pub trait Area {
     /// Checks this area's part of a decoded snapshot against the shared part:
     /// a snapshot that would make a later apply panic is refused on install.
     fn check_snapshot(&self, cluster: Cluster<'_>) -> Result<(), String>;
+
+    /// Checks every invariant of this area's part: what
+    /// [`Area::check_snapshot`] checks and what the area's commands keep
+    /// besides. Run after every apply in debug builds and by the property
+    /// tests ([`crate::State::check_invariants`]); a failure names the
+    /// broken rule.
+    fn check_invariants(&self, cluster: Cluster<'_>) -> Result<(), String>;
 }
 
 /// The conversions an area's commands get: each command message into the

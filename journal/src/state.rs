@@ -25,6 +25,12 @@ pub const DEFAULT_MAX_OUTCOMES_PER_CLIENT: u32 = 1024;
 pub const DEFAULT_SESSION_HORIZON_MS: u64 = 15 * 60 * 1000;
 /// Clients older than the horizon are swept out once per this many updates.
 pub const SESSION_SWEEP_EVERY: u64 = 1024;
+/// Debug builds check every invariant after each apply on a state of at
+/// most this many objects (tasks, keys, history events, barriers, client
+/// sessions, closures, tf.data tasks)...
+pub const INVARIANT_CHECK_SIZE: usize = 1024;
+/// ...and after every this many applies on a larger one.
+pub const INVARIANT_CHECK_EVERY: u64 = 1024;
 /// Most tasks a cluster configuration may hold.
 pub const MAX_TASKS: u64 = 1 << 20;
 
@@ -165,7 +171,35 @@ impl State {
     /// Applies one update and returns its outcome. A retried update (same
     /// origin) returns the recorded outcome and changes nothing else; a late
     /// copy of an update its client has declared done is refused.
+    ///
+    /// Debug builds check every invariant ([`State::check_invariants`])
+    /// after the apply while the state is small, and after every
+    /// [`INVARIANT_CHECK_EVERY`]th apply beyond that, so a check costs
+    /// O(1) objects per apply amortised whatever the state's size.
     pub fn apply(&mut self, u: &Update) -> Outcome {
+        let out = self.apply_unchecked(u);
+        if cfg!(debug_assertions) && self.invariant_check_due() {
+            if let Err(e) = self.check_invariants() {
+                panic!("a broken invariant after applying {u:?}: {e}");
+            }
+        }
+        out
+    }
+
+    /// Whether a debug build checks the invariants after this apply.
+    fn invariant_check_due(&self) -> bool {
+        let c = self.coordination_data();
+        let size = c.tasks.len()
+            + c.kv.len()
+            + c.kv_events.len()
+            + c.barriers.len()
+            + self.data.sessions.len()
+            + self.closures_data().closures.len()
+            + self.dispatcher_data().tasks.len();
+        size <= INVARIANT_CHECK_SIZE || self.data.applied.is_multiple_of(INVARIANT_CHECK_EVERY)
+    }
+
+    fn apply_unchecked(&mut self, u: &Update) -> Outcome {
         self.data.applied += 1;
         self.data.clock_ms = self.data.clock_ms.max(u.at_ms);
         if self.data.applied.is_multiple_of(SESSION_SWEEP_EVERY) {
@@ -187,6 +221,33 @@ impl State {
                 out
             }
         }
+    }
+
+    /// Checks every invariant of the state: the shared part's and each
+    /// area's ([`Area::check_invariants`]). `Err` names the broken rule. Run
+    /// after every apply in debug builds, and by the property tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if let Some(c) = &self.data.config {
+            check_config(c).map_err(|e| e.message)?;
+        }
+        if !self.data.initialized && (self.data.config.is_some() || self.data.epoch > 0) {
+            return Err("a configuration or job epoch before the service is configured".into());
+        }
+        for (id, s) in &self.data.sessions {
+            if s.outcomes
+                .keys()
+                .next()
+                .is_some_and(|&seq| seq < s.done_below)
+            {
+                return Err(format!(
+                    "client {id} keeps an outcome below what it declared done"
+                ));
+            }
+        }
+        let cl = self.cluster();
+        self.coordination_data().check_invariants(cl)?;
+        self.dispatcher_data().check_invariants(cl)?;
+        self.closures_data().check_invariants(cl)
     }
 
     fn apply_command(&mut self, u: &Update) -> Outcome {

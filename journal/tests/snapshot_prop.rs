@@ -153,7 +153,13 @@ proptest! {
     ) {
         let updates = build(&seq, recoverable);
         let mut straight = State::new();
-        let outcomes: Vec<_> = updates.iter().map(|u| straight.apply(u)).collect();
+        let mut outcomes = Vec::with_capacity(updates.len());
+        for u in &updates {
+            outcomes.push(straight.apply(u));
+            // Every state on the way keeps every invariant (also in release
+            // builds, where `apply` does not check them).
+            prop_assert_eq!(straight.check_invariants(), Ok(()));
+        }
 
         let k = cut.index(updates.len() + 1);
         let mut head = State::new();

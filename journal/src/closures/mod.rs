@@ -726,6 +726,11 @@ impl Area for Data {
         }
         Ok(())
     }
+
+    /// What a snapshot must hold is every rule the queues keep.
+    fn check_invariants(&self, cluster: Cluster<'_>) -> Result<(), String> {
+        self.check_snapshot(cluster)
+    }
 }
 
 /// Whether a client may propose `command` (lease expiry is the leader's).

@@ -32,6 +32,31 @@ pub struct BarrierDeadline {
     pub deadline_ms: u64,
 }
 
+/// The rules every stored barrier instance keeps: arrivals come from its
+/// participants; a pending instance still misses someone (the last arrival
+/// passes it); a finished one carries its error exactly when it failed.
+pub(crate) fn check_instance(id: &str, b: &BarrierEntry) -> Result<(), String> {
+    let name = errors::barrier_name(id, b.counter);
+    if b.arrivals
+        .keys()
+        .any(|t| b.participants.binary_search(t).is_err())
+    {
+        return Err(format!("barrier {name}: an arrival from a non-participant"));
+    }
+    match b.status() {
+        BarrierStatus::Pending if b.arrivals.len() >= b.participants.len() => Err(format!(
+            "barrier {name}: pending with every participant arrived"
+        )),
+        BarrierStatus::Pending | BarrierStatus::Passed if b.error.is_some() => Err(format!(
+            "barrier {name}: an error on an instance that did not fail"
+        )),
+        BarrierStatus::Failed if b.error.is_none() => {
+            Err(format!("barrier {name}: failed without its error"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Sorted, de-duplicated task indices.
 pub(crate) fn sorted_set(tasks: &[u32]) -> Vec<u32> {
     let mut v = tasks.to_vec();
@@ -39,6 +64,44 @@ pub(crate) fn sorted_set(tasks: &[u32]) -> Vec<u32> {
     v.dedup();
     v
 }
+
+/// One task's arrival at a barrier, as the commands that arrive describe it.
+pub(crate) struct Arrival<'a> {
+    /// Barrier id.
+    pub(crate) id: &'a str,
+    /// The instance the caller names.
+    pub(crate) counter: i64,
+    /// The caller's timeout (`None`: no deadline).
+    pub(crate) timeout_ms: Option<u64>,
+    /// The caller's participant set (empty: every task).
+    pub(crate) participants: &'a [u32],
+    /// A participant the caller named that does not exist ("" if none).
+    pub(crate) unknown_participant: &'a str,
+    /// The arriving task.
+    pub(crate) task: u32,
+    /// The caller declares itself recoverable (TensorFlow).
+    pub(crate) caller_recoverable: bool,
+}
+
+impl<'a> Arrival<'a> {
+    /// An arrival of `task` at instance `counter` of `id`, for every task,
+    /// with no deadline and nothing unknown.
+    pub(crate) fn new(id: &'a str, counter: i64, task: u32) -> Self {
+        Arrival {
+            id,
+            counter,
+            timeout_ms: None,
+            participants: &[],
+            unknown_participant: "",
+            task,
+            caller_recoverable: false,
+        }
+    }
+}
+
+/// How a step of an arrival ends the call early: with this outcome (boxed:
+/// an outcome is large, and most arrivals go on).
+type Ended = Box<Outcome>;
 
 impl Writer<'_, '_> {
     pub(crate) fn barrier_arrive(&mut self, a: &BarrierArrive, at: u64) -> Outcome {
@@ -55,57 +118,59 @@ impl Writer<'_, '_> {
             _ => a.unknown_participant.clone(),
         };
         self.arrive(
-            &a.id,
-            a.counter,
-            Some(a.timeout_ms),
-            &participants,
-            &unknown,
-            a.task,
-            a.recoverable,
+            &Arrival {
+                id: &a.id,
+                counter: a.counter,
+                timeout_ms: Some(a.timeout_ms),
+                participants: &participants,
+                unknown_participant: &unknown,
+                task: a.task,
+                caller_recoverable: a.recoverable,
+            },
             at,
         )
     }
 
-    /// One task arrives at instance `counter` of barrier `id`. `participants`
-    /// empty means every task; `timeout_ms` None means no deadline. Returns the
-    /// result if the barrier finished (now or earlier), else parked with the
-    /// call id to wait on through [`State::barrier_result`]. Either way the
-    /// outcome's `value` is the **effective** instance counter (a recoverable
-    /// caller's counter 0 becomes the instance it joined or opened).
+    /// One task arrives at a barrier instance. Returns the result if the
+    /// barrier finished (now or earlier), else parked with the call id to
+    /// wait on (`Wait::Barrier`). Either way the outcome carries the
+    /// **effective** instance counter (a recoverable caller's counter 0
+    /// becomes the instance it joined or opened).
     ///
-    /// The order of the checks is XLA's (`BarrierAsyncLocked`, reference
-    /// §3.8): (1) open a new instance if the rules say so; (2) counter
-    /// mismatch; (3) argument checks, against a finished instance too;
-    /// (4) finished instance and same counter: replay; (5) arrive.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn arrive(
-        &mut self,
-        id: &str,
-        counter: i64,
-        timeout_ms: Option<u64>,
-        participants: &[u32],
-        unknown_participant: &str,
-        task: u32,
-        caller_recoverable: bool,
-        at: u64,
-    ) -> Outcome {
-        let n = self.data.task_count();
+    /// The order of the checks is XLA's (`BarrierAsyncLocked`, see
+    /// `docs/protocols.md`), one step each: (1) select the instance, opening
+    /// a new one if the rules say so, or fail on a counter mismatch;
+    /// (2) validate the arguments, against a finished instance too, and
+    /// replay a finished instance's result; (3) record the arrival.
+    pub(crate) fn arrive(&mut self, a: &Arrival<'_>, at: u64) -> Outcome {
+        let step = self
+            .select_instance(a, at)
+            .and_then(|counter| self.validate_arrival(a, counter, at).map(|()| counter));
+        match step {
+            Ok(counter) => self.record_arrival(a, counter, at),
+            Err(ended) => *ended,
+        }
+    }
+
+    /// Step 1: the instance the arrival joins (its counter): a new one, the
+    /// current one, or a counter mismatch that fails the call (and the
+    /// current instance, for everyone).
+    fn select_instance(&mut self, a: &Arrival<'_>, at: u64) -> Result<i64, Ended> {
+        let (id, task) = (a.id, a.task);
         // The counter-0 rule is the caller's: the service's flag, or the
         // task's own (TensorFlow sends it with every call).
-        let recoverable = self.cl.recoverable() || caller_recoverable;
+        let recoverable = self.cl.recoverable() || a.caller_recoverable;
         // The registration, shutdown and device barriers are exempt from the
         // recoverable counter-0 rule (XLA and TSL exclude them by id).
         let special = id == REGISTER_BARRIER
             || id == shutdown_barrier_id(self.cl.service_incarnation)
             || id == wait_all_barrier_id(self.cl.service_incarnation);
-
-        // 1. Which instance: a new one, the current one, or a mismatch.
         let (create, counter) = match self.data.barriers.get(id) {
-            None if counter == 0 => (true, 0),
+            None if a.counter == 0 => (true, 0),
             None => {
                 // Upstream: the uninitialised instance (counter 0, nobody
                 // listed) fails, and stays failed with an empty task set.
-                let e = errors::barrier_counter_mismatch(id, counter, 0);
+                let e = errors::barrier_counter_mismatch(id, a.counter, 0);
                 self.data.barriers.insert(
                     id.to_string(),
                     BarrierEntry {
@@ -115,22 +180,22 @@ impl Writer<'_, '_> {
                         ..Default::default()
                     },
                 );
-                return Outcome::err(e);
+                return Err(Box::new(Outcome::err(e)));
             }
             Some(b) => {
                 let finished = b.status() != BarrierStatus::Pending;
-                if finished && counter == b.counter + 1 {
-                    (true, counter)
-                } else if finished && recoverable && counter == 0 && !special {
+                if finished && a.counter == b.counter + 1 {
+                    (true, a.counter)
+                } else if finished && recoverable && a.counter == 0 && !special {
                     // A restarted recoverable task (its agent forgot its
                     // counters) opens the next instance and waits there.
                     (true, b.counter + 1)
-                } else if counter == b.counter || (recoverable && counter == 0) {
+                } else if a.counter == b.counter || (recoverable && a.counter == 0) {
                     // The current instance (a recoverable counter 0 joins a
                     // pending one whatever its counter).
                     (false, b.counter)
                 } else {
-                    let e = errors::barrier_counter_mismatch(id, counter, b.counter);
+                    let e = errors::barrier_counter_mismatch(id, a.counter, b.counter);
                     let current = b.counter;
                     // The caller's own earlier call is superseded first
                     // (CANCELLED), then the instance fails for everyone.
@@ -142,118 +207,138 @@ impl Writer<'_, '_> {
                         }
                     }
                     self.finish_barrier(id, current, Err(e.clone()), true, at);
-                    return Outcome::err(e);
+                    return Err(Box::new(Outcome::err(e)));
                 }
             }
         };
-
         if create {
-            // Every later instance of an id keeps the first instance's task
-            // set; only an id that never had one takes the caller's.
-            let inherited = self
-                .data
-                .barriers
-                .get(id)
-                .filter(|p| !p.participants.is_empty())
-                .map(|p| (p.participants.clone(), p.all_tasks));
-            let from_args = inherited.is_none();
-            let (set, all_tasks) = inherited.unwrap_or_else(|| {
-                if participants.is_empty() {
-                    ((0..n).collect(), true)
-                } else {
-                    (sorted_set(participants), false)
-                }
-            });
-            let previous = self.data.barriers.remove(id).map(|mut p| {
-                p.previous = None;
-                Box::new(p)
-            });
-            self.data.barriers.insert(
-                id.to_string(),
-                BarrierEntry {
-                    counter,
-                    all_tasks,
-                    participants: set.clone(),
-                    deadline_ms: timeout_ms.map_or(0, |t| at.saturating_add(t).max(1)),
-                    previous,
-                    initiating_task: task,
-                    ..Default::default()
-                },
-            );
-            if from_args && !unknown_participant.is_empty() {
-                let e = errors::barrier_unknown_participant(id, counter, unknown_participant);
-                self.finish_barrier(id, counter, Err(e.clone()), false, at);
-                return Outcome::err(e);
-            }
-            {
-                for &p in &set {
-                    if !self.task_recoverable(p)
-                        && self.data.task_status(p) == Some(TaskStatus::Error)
-                    {
-                        let existing = self.data.entry(p).error.clone().unwrap_or_default();
-                        let e = errors::barrier_participant_already_in_error(
-                            id,
-                            counter,
-                            &self.cl.label(p),
-                            &existing,
-                        );
-                        self.finish_barrier(id, counter, Err(e.clone()), false, at);
-                        return Outcome::err(e);
-                    }
-                }
-            }
+            self.open_instance(a, counter, at)?;
         }
+        Ok(counter)
+    }
 
-        // 2. The caller's arguments must agree with the instance, finished or
-        // not: a disagreeing call fails it for every waiter and replaces a
-        // stored result.
-        let b = &self.data.barriers[id];
-        let mine = if participants.is_empty() {
-            (0..n).collect::<Vec<_>>()
+    /// Opens instance `counter` of the arrival's barrier, the current one
+    /// becoming its `previous`. It fails at once when the caller named an
+    /// unknown participant or a participant is already in error.
+    fn open_instance(&mut self, a: &Arrival<'_>, counter: i64, at: u64) -> Result<(), Ended> {
+        let (id, n) = (a.id, self.data.task_count());
+        // Every later instance of an id keeps the first instance's task
+        // set; only an id that never had one takes the caller's.
+        let inherited = self
+            .data
+            .barriers
+            .get(id)
+            .filter(|p| !p.participants.is_empty())
+            .map(|p| (p.participants.clone(), p.all_tasks));
+        let from_args = inherited.is_none();
+        let (set, all_tasks) = inherited.unwrap_or_else(|| {
+            if a.participants.is_empty() {
+                ((0..n).collect(), true)
+            } else {
+                (sorted_set(a.participants), false)
+            }
+        });
+        let previous = self.data.barriers.remove(id).map(|mut p| {
+            p.previous = None;
+            Box::new(p)
+        });
+        let failed_participant = set.iter().copied().find(|&p| {
+            !self.task_recoverable(p) && self.data.task_status(p) == Some(TaskStatus::Error)
+        });
+        self.data.barriers.insert(
+            id.to_string(),
+            BarrierEntry {
+                counter,
+                all_tasks,
+                participants: set,
+                deadline_ms: a.timeout_ms.map_or(0, |t| at.saturating_add(t).max(1)),
+                previous,
+                initiating_task: a.task,
+                ..Default::default()
+            },
+        );
+        let failure = if from_args && !a.unknown_participant.is_empty() {
+            Some(errors::barrier_unknown_participant(
+                id,
+                counter,
+                a.unknown_participant,
+            ))
         } else {
-            sorted_set(participants)
+            failed_participant.map(|p| {
+                let existing = self.data.entry(p).error.clone().unwrap_or_default();
+                errors::barrier_participant_already_in_error(
+                    id,
+                    counter,
+                    &self.cl.label(p),
+                    &existing,
+                )
+            })
         };
-        let mismatch = if participants.is_empty() && b.participants.len() != n as usize {
+        match failure {
+            Some(e) => {
+                self.finish_barrier(id, counter, Err(e.clone()), false, at);
+                Err(Box::new(Outcome::err(e)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Step 2: the caller's arguments must agree with the instance, finished
+    /// or not: a disagreeing call fails it for every waiter and replaces a
+    /// stored result. A finished instance then replays its result.
+    fn validate_arrival(&mut self, a: &Arrival<'_>, counter: i64, at: u64) -> Result<(), Ended> {
+        let (id, n) = (a.id, self.data.task_count());
+        let b = &self.data.barriers[id];
+        // The stored set is sorted and unique within 0..n, so "every task"
+        // matches it exactly when it holds n tasks.
+        let same_set = if a.participants.is_empty() {
+            b.participants.len() == n as usize
+        } else {
+            sorted_set(a.participants) == b.participants
+        };
+        let mismatch = if a.participants.is_empty() && b.participants.len() != n as usize {
             Some(errors::barrier_all_vs_subset(id, counter))
-        } else if !unknown_participant.is_empty() || mine != b.participants {
+        } else if !a.unknown_participant.is_empty() || !same_set {
             Some(errors::barrier_conflicting_tasks(id, counter))
-        } else if b.participants.binary_search(&task).is_err() {
+        } else if b.participants.binary_search(&a.task).is_err() {
             Some(errors::barrier_non_participant(
                 id,
                 counter,
-                &self.cl.label(task),
+                &self.cl.label(a.task),
             ))
         } else {
             None
         };
         if let Some(e) = mismatch {
             self.finish_barrier(id, counter, Err(e.clone()), true, at);
-            return Outcome::err(e);
+            return Err(Box::new(Outcome::err(e)));
         }
-
-        // 3. A finished instance replays its result.
         match b.status() {
-            BarrierStatus::Pending => {}
-            BarrierStatus::Passed => return super::barrier_counter(counter),
-            BarrierStatus::Failed => return Outcome::err(b.error.clone().unwrap_or_default()),
+            BarrierStatus::Pending => Ok(()),
+            BarrierStatus::Passed => Err(Box::new(super::barrier_counter(counter))),
+            BarrierStatus::Failed => {
+                Err(Box::new(Outcome::err(b.error.clone().unwrap_or_default())))
+            }
         }
+    }
 
-        // 4. Record the arrival; a second call of the same task supersedes the first.
+    /// Step 3: records the arrival (a second call of the same task
+    /// supersedes the first); the last participant passes the instance.
+    fn record_arrival(&mut self, a: &Arrival<'_>, counter: i64, at: u64) -> Outcome {
+        let (id, task) = (a.id, a.task);
         let call = self.next_call_id();
         let b = self.data.barriers.get_mut(id).expect("instance exists");
         if let Some(old) = b.arrivals.insert(task, call) {
             b.cancelled_calls
                 .insert(old, errors::barrier_duplicate_call(id, counter));
         }
+        let mut out = super::barrier_counter(counter);
+        out.call_id = call;
         if b.arrivals.len() == b.participants.len() {
             self.finish_barrier(id, counter, Ok(()), false, at);
-            let mut out = super::barrier_counter(counter);
-            out.call_id = call;
-            return out;
+        } else {
+            out.parked = true;
         }
-        let mut out = super::barrier_counter(counter);
-        out.parked = true;
-        out.call_id = call;
         out
     }
 

@@ -29,6 +29,32 @@ fn event_bytes(e: &KvEvent) -> u64 {
     (e.key.len() + e.value.len() + 16) as u64
 }
 
+/// The rules the store keeps: no record is newer than the store's revision
+/// nor modified before it was created; the history is ordered, starts at
+/// its declared start and ends at or before the revision.
+pub(crate) fn check_store(d: &super::Data) -> Result<(), String> {
+    for (key, r) in &d.kv {
+        if r.mod_revision > d.kv_revision || r.create_revision > r.mod_revision {
+            return Err(format!("key {key}: revisions out of order"));
+        }
+    }
+    if d.kv_events
+        .windows(2)
+        .any(|w| w[0].revision > w[1].revision)
+    {
+        return Err("the KV history is out of order".into());
+    }
+    match (d.kv_events.first(), d.kv_events.last()) {
+        (Some(first), _) if first.revision < d.kv_history_start => {
+            Err("the KV history starts before its declared start".into())
+        }
+        (_, Some(last)) if last.revision > d.kv_revision => {
+            Err("the KV history is ahead of the store".into())
+        }
+        _ => Ok(()),
+    }
+}
+
 impl Writer<'_, '_> {
     pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
         let key = normalize_key(&c.key);

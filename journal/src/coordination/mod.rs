@@ -186,6 +186,29 @@ impl Area for Data {
         }
         check_task_references(self)
     }
+
+    fn check_invariants(&self, cl: Cluster<'_>) -> Result<(), String> {
+        if cl.config.is_some() {
+            self.check_snapshot(cl)?;
+        } else if !self.tasks.is_empty() {
+            return Err("tasks are stored before the service is configured".into());
+        }
+        for (i, t) in self.tasks.iter().enumerate() {
+            if t.status() == TaskStatus::Error && t.error.is_none() {
+                return Err(format!("task {i} is in ERROR without its error"));
+            }
+        }
+        for (id, b) in &self.barriers {
+            barrier::check_instance(id, b)?;
+            if let Some(p) = b.previous.as_deref() {
+                barrier::check_instance(id, p)?;
+                if p.previous.is_some() {
+                    return Err(format!("barrier {id}: an instance before the previous one"));
+                }
+            }
+        }
+        kv::check_store(self)
+    }
 }
 
 /// Every task index a snapshot stores names a task of its configuration,

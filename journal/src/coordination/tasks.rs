@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::barrier::{shutdown_barrier_id, wait_all_barrier_id, REGISTER_BARRIER};
+use super::barrier::{shutdown_barrier_id, wait_all_barrier_id, Arrival, REGISTER_BARRIER};
 use super::errors::{self, UnknownTaskIn};
 use super::{Reader, Writer};
 use crate::pb::coordination::{ReportError, TaskStatus};
@@ -104,7 +104,11 @@ impl Writer<'_, '_> {
         // answers ALREADY_EXISTS through `registration_result`).
         self.data.entry_mut(task).pending_incarnation = Some(incarnation);
         let timeout = (cfg.register_timeout_ms > 0).then_some(cfg.register_timeout_ms);
-        let out = self.arrive(REGISTER_BARRIER, 0, timeout, &[], "", task, false, at);
+        let arrival = Arrival {
+            timeout_ms: timeout,
+            ..Arrival::new(REGISTER_BARRIER, 0, task)
+        };
+        let out = self.arrive(&arrival, at);
         if out.is_err() {
             return out;
         }
@@ -324,7 +328,12 @@ impl Writer<'_, '_> {
         }
         let timeout = self.cl.cfg().shutdown_timeout_ms;
         let participants = self.r().shutdown_participants(&id);
-        let mut out = self.arrive(&id, 0, Some(timeout), &participants, "", task, false, at);
+        let arrival = Arrival {
+            timeout_ms: Some(timeout),
+            participants: &participants,
+            ..Arrival::new(&id, 0, task)
+        };
+        let mut out = self.arrive(&arrival, at);
         if let Some(e) = out.error.take() {
             out.error = Some(errors::shutdown_barrier_failed(&e));
         }
@@ -355,16 +364,11 @@ impl Writer<'_, '_> {
             t.device_info = Some(info.clone());
         }
         let id = wait_all_barrier_id(self.cl.service_incarnation);
-        self.arrive(
-            &id,
-            0,
-            Some(WAIT_FOR_ALL_TASKS_TIMEOUT_MS),
-            &[],
-            "",
-            task,
-            false,
-            at,
-        )
+        let arrival = Arrival {
+            timeout_ms: Some(WAIT_FOR_ALL_TASKS_TIMEOUT_MS),
+            ..Arrival::new(&id, 0, task)
+        };
+        self.arrive(&arrival, at)
     }
 }
 

@@ -677,6 +677,26 @@ impl Area for Data {
         }
         Ok(())
     }
+
+    fn check_invariants(&self, cluster: Cluster<'_>) -> Result<(), String> {
+        self.check_snapshot(cluster)?;
+        for job in self.jobs.values() {
+            if !self.datasets.contains_key(&job.dataset_id) {
+                return Err(format!("job {}: unknown dataset", job.id));
+            }
+        }
+        for it in self.iterations.values() {
+            if let Some(t) = it.tasks.iter().find(|t| !self.tasks.contains_key(t)) {
+                return Err(format!("iteration {}: unknown task {t}", it.id));
+            }
+        }
+        for t in self.tasks.values() {
+            if !self.iterations.contains_key(&t.iteration_id) {
+                return Err(format!("task {}: unknown iteration", t.id));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn reply(r: Reply) -> Outcome {

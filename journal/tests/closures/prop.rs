@@ -122,6 +122,7 @@ proptest! {
                 }
                 Op::Tick(ms) => t.now += u64::from(ms),
             }
+            prop_assert_eq!(t.s.check_invariants(), Ok(()));
             let q = t.queue().clone();
             let mut live = 0u64;
             for c in t.s.closures().list(Q, "", 0, 0) {
