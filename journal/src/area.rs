@@ -10,6 +10,7 @@
 
 use crate::cluster::Cluster;
 use crate::pb::Outcome;
+use crate::wait::{Object, Touched};
 
 /// What an area sees and may change of the shared state while it applies.
 pub struct Context<'a> {
@@ -19,6 +20,8 @@ pub struct Context<'a> {
     pub at_ms: u64,
     pub(crate) next_call_id: &'a mut u64,
     pub(crate) lost: &'a mut Vec<u32>,
+    /// Where the apply records what it changes, if anywhere.
+    pub(crate) touched: Option<&'a mut Touched>,
 }
 
 impl Context<'_> {
@@ -34,6 +37,21 @@ impl Context<'_> {
     pub fn task_lost(&mut self, task: u32) {
         if !self.lost.contains(&task) {
             self.lost.push(task);
+        }
+    }
+
+    /// Reports a change of `object`, which a parked call may wait on (see
+    /// [`crate::wait`]); `object` is built only when changes are recorded.
+    pub fn touch(&mut self, object: impl FnOnce() -> Object) {
+        if let Some(t) = self.touched.as_deref_mut() {
+            t.objects.push(object());
+        }
+    }
+
+    /// Reports a change that concerns every parked call.
+    pub fn touch_all(&mut self) {
+        if let Some(t) = self.touched.as_deref_mut() {
+            t.all = true;
         }
     }
 }

@@ -14,11 +14,13 @@
 //! area through the hooks of [`area::Area`].
 //!
 //! Calls that wait (registration, barriers, PollForError, GetAliveTasks,
-//! shutdown, WaitForAllTasks) apply an update that returns a *parked* outcome
-//! with a call id; the service then re-reads the state after each apply with
-//! the area's matching `*_result` reader until it answers. That keeps the
-//! waiting itself out of the replicated state and lets a new leader re-park
-//! calls.
+//! shutdown, WaitForAllTasks, blocking gets, closure gets and fetches) apply
+//! an update that returns a *parked* outcome with a call id (or only read);
+//! the service then re-reads [`State::wait_result`] for the call's
+//! [`wait::Wait`] each time one of its objects changes
+//! ([`State::apply_traced`] reports what each update changed), until it
+//! answers. That keeps the waiting itself out of the replicated state and
+//! lets a new leader re-park calls.
 //!
 //! Snapshots are the prost encoding of the whole state ([`State::encode_snapshot`]);
 //! [`State::digest`] hashes that canonical encoding.
@@ -72,10 +74,13 @@ pub mod coordination;
 pub mod dispatcher;
 pub mod errors;
 mod state;
+pub mod wait;
 
 pub use cluster::{task_name, Cluster, JAX_JOB};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{
     client_proposable, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS,
-    DEFAULT_MAX_OUTCOMES_PER_CLIENT, DEFAULT_SESSION_HORIZON_MS, SESSION_SWEEP_EVERY,
+    DEFAULT_MAX_OUTCOMES_PER_CLIENT, DEFAULT_SESSION_HORIZON_MS, INVARIANT_CHECK_EVERY,
+    INVARIANT_CHECK_SIZE, SESSION_SWEEP_EVERY,
 };
+pub use wait::{Answer, Object, Touched, Wait};

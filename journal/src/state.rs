@@ -16,6 +16,7 @@ use crate::pb::{
     outcome, update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome,
     StateData, Update,
 };
+use crate::wait::Touched;
 
 /// Default bound on the number of clients the exactly-once table remembers.
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
@@ -177,7 +178,18 @@ impl State {
     /// [`INVARIANT_CHECK_EVERY`]th apply beyond that, so a check costs
     /// O(1) objects per apply amortised whatever the state's size.
     pub fn apply(&mut self, u: &Update) -> Outcome {
-        let out = self.apply_unchecked(u);
+        self.apply_with(u, None)
+    }
+
+    /// [`State::apply`], recording in `touched` every object the update
+    /// changed (see [`crate::wait`]): what the waiters of parked calls need
+    /// to know to wake only those whose answer may have changed.
+    pub fn apply_traced(&mut self, u: &Update, touched: &mut Touched) -> Outcome {
+        self.apply_with(u, Some(touched))
+    }
+
+    fn apply_with(&mut self, u: &Update, touched: Option<&mut Touched>) -> Outcome {
+        let out = self.apply_unchecked(u, touched);
         if cfg!(debug_assertions) && self.invariant_check_due() {
             if let Err(e) = self.check_invariants() {
                 panic!("a broken invariant after applying {u:?}: {e}");
@@ -199,7 +211,7 @@ impl State {
         size <= INVARIANT_CHECK_SIZE || self.data.applied.is_multiple_of(INVARIANT_CHECK_EVERY)
     }
 
-    fn apply_unchecked(&mut self, u: &Update) -> Outcome {
+    fn apply_unchecked(&mut self, u: &Update, touched: Option<&mut Touched>) -> Outcome {
         self.data.applied += 1;
         self.data.clock_ms = self.data.clock_ms.max(u.at_ms);
         if self.data.applied.is_multiple_of(SESSION_SWEEP_EVERY) {
@@ -207,7 +219,7 @@ impl State {
         }
         match &u.origin {
             None => {
-                let mut out = self.apply_command(u);
+                let mut out = self.apply_command(u, touched);
                 out.epoch = self.data.epoch;
                 out
             }
@@ -215,7 +227,7 @@ impl State {
                 if let Some(prev) = self.recorded_outcome(origin) {
                     return prev;
                 }
-                let mut out = self.apply_command(u);
+                let mut out = self.apply_command(u, touched);
                 out.epoch = self.data.epoch;
                 self.record_outcome(origin, &out);
                 out
@@ -250,7 +262,7 @@ impl State {
         self.closures_data().check_invariants(cl)
     }
 
-    fn apply_command(&mut self, u: &Update) -> Outcome {
+    fn apply_command(&mut self, u: &Update, mut touched: Option<&mut Touched>) -> Outcome {
         if let Some(named_in) = u.epoch {
             if named_in != self.data.epoch {
                 return Outcome::err(errors::stale_epoch(named_in, self.data.epoch));
@@ -265,36 +277,48 @@ impl State {
         // 1 KiB value kept in the state would keep alive whole.
         let owned = owned_command(cmd);
         let cmd = &owned;
-        match cmd {
-            Command::InitService(c) => self.init_service(c, u.at_ms),
-            Command::ResetJobEpoch(c) => self.reset_job_epoch(c, u.at_ms),
-            Command::Noop(_) => Outcome::ok(),
+        let at = u.at_ms;
+        let mut lost = Vec::new();
+        let (out, from) = match cmd {
+            Command::InitService(c) => {
+                let out = self.init_service(c, at);
+                if !out.is_err() {
+                    touch_all(&mut touched);
+                }
+                return out;
+            }
+            Command::ResetJobEpoch(c) => {
+                let out = self.reset_job_epoch(c, at);
+                if !out.is_err() {
+                    touch_all(&mut touched);
+                }
+                return out;
+            }
+            Command::Noop(_) => return Outcome::ok(),
             Command::Coordination(c) => {
-                let mut lost = Vec::new();
-                let (mut cx, areas) = self.split(u.at_ms, &mut lost);
-                let out = areas.coordination.apply(&mut cx, c);
-                self.tell_task_lost(AreaId::Coordination, &lost, u.at_ms);
-                out
+                let (mut cx, areas) = self.split(at, &mut lost, touched.as_deref_mut());
+                (areas.coordination.apply(&mut cx, c), AreaId::Coordination)
             }
             Command::Dispatcher(c) => {
-                let mut lost = Vec::new();
-                let (mut cx, areas) = self.split(u.at_ms, &mut lost);
-                let out = areas.dispatcher.apply(&mut cx, c);
-                self.tell_task_lost(AreaId::Dispatcher, &lost, u.at_ms);
-                out
+                let (mut cx, areas) = self.split(at, &mut lost, touched.as_deref_mut());
+                (areas.dispatcher.apply(&mut cx, c), AreaId::Dispatcher)
             }
             Command::Closures(c) => {
-                let mut lost = Vec::new();
-                let (mut cx, areas) = self.split(u.at_ms, &mut lost);
-                let out = areas.closures.apply(&mut cx, c);
-                self.tell_task_lost(AreaId::Closures, &lost, u.at_ms);
-                out
+                let (mut cx, areas) = self.split(at, &mut lost, touched.as_deref_mut());
+                (areas.closures.apply(&mut cx, c), AreaId::Closures)
             }
-        }
+        };
+        self.tell_task_lost(from, &lost, at, touched);
+        out
     }
 
     /// The shared context and every area, borrowed apart.
-    fn split<'s>(&'s mut self, at_ms: u64, lost: &'s mut Vec<u32>) -> (Context<'s>, Areas<'s>) {
+    fn split<'s>(
+        &'s mut self,
+        at_ms: u64,
+        lost: &'s mut Vec<u32>,
+        touched: Option<&'s mut Touched>,
+    ) -> (Context<'s>, Areas<'s>) {
         let StateData {
             config,
             service_incarnation,
@@ -314,6 +338,7 @@ impl State {
             at_ms,
             next_call_id,
             lost,
+            touched,
         };
         let areas = Areas {
             coordination: coordination.get_or_insert_with(Default::default),
@@ -324,10 +349,16 @@ impl State {
     }
 
     /// Every area other than `from` hears that these tasks were lost.
-    fn tell_task_lost(&mut self, from: AreaId, lost: &[u32], at_ms: u64) {
+    fn tell_task_lost(
+        &mut self,
+        from: AreaId,
+        lost: &[u32],
+        at_ms: u64,
+        mut touched: Option<&mut Touched>,
+    ) {
         for &task in lost {
             let mut more = Vec::new();
-            let (mut cx, areas) = self.split(at_ms, &mut more);
+            let (mut cx, areas) = self.split(at_ms, &mut more, touched.as_deref_mut());
             if from != AreaId::Coordination {
                 areas.coordination.on_task_lost(&mut cx, task);
             }
@@ -357,7 +388,7 @@ impl State {
         self.data.service_incarnation = c.service_incarnation;
         self.data.config = Some(config);
         let mut lost = Vec::new();
-        let (mut cx, areas) = self.split(at_ms, &mut lost);
+        let (mut cx, areas) = self.split(at_ms, &mut lost, None);
         areas.coordination.on_init(&mut cx);
         areas.dispatcher.on_init(&mut cx);
         areas.closures.on_init(&mut cx);
@@ -378,7 +409,7 @@ impl State {
         self.data.service_incarnation = c.service_incarnation;
         self.data.config = Some(config);
         let mut lost = Vec::new();
-        let (mut cx, areas) = self.split(at_ms, &mut lost);
+        let (mut cx, areas) = self.split(at_ms, &mut lost, None);
         areas.coordination.on_epoch_reset(&mut cx);
         areas.dispatcher.on_epoch_reset(&mut cx);
         areas.closures.on_epoch_reset(&mut cx);
@@ -671,6 +702,13 @@ fn check_config(c: &ClusterConfig) -> Result<(), DomainError> {
         }
     }
     Ok(())
+}
+
+/// Records a change that concerns every waiter.
+fn touch_all(touched: &mut Option<&mut Touched>) {
+    if let Some(t) = touched.as_deref_mut() {
+        t.all = true;
+    }
 }
 
 /// `cmd` with every byte string in an allocation of its own (decoded from a

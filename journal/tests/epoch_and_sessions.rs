@@ -93,11 +93,7 @@ fn job_epoch_reset_clears_everything_and_draws_new_incarnation() {
         "watchers see the reset"
     );
     // A parked barrier of the previous epoch is told so.
-    let e = s
-        .coordination()
-        .barrier_result("b", 0, bc)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "b", 0, bc).unwrap().unwrap_err();
     assert_eq!(e, errors::epoch_reset());
     code_is(&e, Code::Aborted);
     // The new job registers through a fresh registration barrier.
@@ -168,7 +164,7 @@ fn retried_parked_call_returns_same_call_id() {
     assert_eq!(again, first);
     // Not a second arrival: the first call was not superseded.
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
-    assert_eq!(s.coordination().barrier_result("b", 0, id), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "b", 0, id), Some(Ok(0)));
 }
 
 #[test]

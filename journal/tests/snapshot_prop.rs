@@ -182,6 +182,59 @@ proptest! {
     }
 }
 
+/// Every parked call's answer, with the objects it waits on.
+struct Waiter {
+    wait: journal::Wait,
+    answer: Option<Result<journal::Answer, journal::DomainError>>,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// The parked-call engine wakes a waiter only when an apply touched one
+    /// of its objects (or everything): so an answer must never change
+    /// without that. Waiters: every call a command parks (`Wait::after`), a
+    /// blocking get of every key, and a WatchTasks at each version seen.
+    #[test]
+    fn an_answer_changes_only_where_an_apply_touched_its_objects(
+        seq in prop::collection::vec(update(), 1..60),
+        recoverable in any::<bool>(),
+    ) {
+        let updates = build(&seq, recoverable);
+        let mut s = State::new();
+        let mut waiters: Vec<Waiter> = KEYS
+            .iter()
+            .map(|k| journal::Wait::Key { key: k.to_string() })
+            .map(|wait| Waiter { wait, answer: None })
+            .collect();
+        for u in &updates {
+            let mut touched = journal::Touched::default();
+            let out = s.apply_traced(u, &mut touched);
+            for w in &mut waiters {
+                let now = s.wait_result(None, &mut w.wait);
+                if now != w.answer {
+                    let objects = w.wait.objects(&s);
+                    prop_assert!(
+                        touched.all || objects.iter().any(|o| touched.objects.contains(o)),
+                        "{:?} changed from {:?} to {:?} after {:?}, which touched only {:?}",
+                        w.wait, w.answer, now, u.command, touched
+                    );
+                    w.answer = now;
+                }
+            }
+            let mut new = Vec::new();
+            if let Some(cmd) = &u.command {
+                new.extend(journal::Wait::after(cmd, &out));
+            }
+            new.push(journal::Wait::TaskStates { version: s.coordination().tasks_version() });
+            for mut wait in new {
+                let answer = s.wait_result(None, &mut wait);
+                waiters.push(Waiter { wait, answer });
+            }
+        }
+    }
+}
+
 #[test]
 fn a_snapshot_naming_unknown_tasks_is_refused_on_install() {
     let good = busy_state().encode_snapshot();

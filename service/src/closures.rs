@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use journal::closures::{ClosureState, GetAnswer};
+use journal::closures::ClosureState;
 use journal::pb::closures::{self as cmd, reply::Reply as R};
 use journal::pb::{outcome, Origin};
 use journal::{DomainError, State, Update};
@@ -359,22 +359,16 @@ impl ClosureQueue for ClosureApi {
         let call_id = applied.outcome.call_id;
         let queue = r.queue;
         let answer = self
-            .wait(
-                WaitKind::ClosureGet,
-                applied.log_index,
-                Some(wait),
-                |s| match s.closures().get_answer(&queue, call_id) {
-                    GetAnswer::Waiting => None,
-                    GetAnswer::Gone => Some(None),
-                    GetAnswer::Assigned(c) => Some(Some(cmd::Assigned {
-                        closure_id: c.id,
-                        payload: c.payload.clone(),
-                        attempt: c.attempts,
-                        tag: c.tag.clone(),
-                        lease_expires_ms: c.lease_expires_ms,
-                    })),
-                },
-            )
+            .wait(WaitKind::ClosureGet, applied.log_index, Some(wait), |s| {
+                let w = journal::Wait::ClosureGet {
+                    queue: queue.clone(),
+                    call: call_id,
+                };
+                match crate::wake::answer(s, w)? {
+                    Ok(journal::Answer::Assigned(a)) => Some(a),
+                    _ => Some(None),
+                }
+            })
             .await?
             .flatten();
         // A closure handed to this call after it gave up goes back to the
@@ -479,7 +473,15 @@ impl ClosureQueue for ClosureApi {
             WaitKind::ClosureFetch,
             applied.log_index,
             Some(capped(r.timeout_ms)),
-            |s| s.closures().join_ready(&queue).then_some(()),
+            |s| {
+                crate::wake::answer(
+                    s,
+                    journal::Wait::JoinReady {
+                        queue: queue.clone(),
+                    },
+                )
+                .map(|_| ())
+            },
         )
         .await?;
         Ok(Response::new(JoinQueueResponse {

@@ -21,7 +21,7 @@ use journal::pb::{
 };
 use journal::{
     coordination::{AliveTasks, HeartbeatCheck},
-    errors, DomainError, Outcome, State, Update,
+    errors, Answer, DomainError, Outcome, State, Update, Wait,
 };
 use raft::Applied;
 use tonic::Status;
@@ -292,7 +292,12 @@ impl Coordination {
             .await?;
         let inc = if out.parked {
             self.wait(WaitKind::Register, &applied, |s| {
-                s.coordination().registration_result(task, incarnation)
+                crate::wake::answer(s, Wait::Registration { task, incarnation }).map(|r| {
+                    r.map(|a| match a {
+                        Answer::Incarnation(i) => i,
+                        _ => 0,
+                    })
+                })
             })
             .await?
         } else {
@@ -353,7 +358,7 @@ impl Coordination {
         if out.parked {
             let call = out.call_id;
             self.wait(WaitKind::Shutdown, &applied, |s| {
-                s.coordination().shutdown_result(call)
+                crate::wake::answer(s, Wait::Shutdown { call }).map(|r| r.map(|_| ()))
             })
             .await?;
         }
@@ -388,7 +393,7 @@ impl Coordination {
         let call = out.call_id;
         match self
             .wait(WaitKind::PollForError, &applied, |s| {
-                s.coordination().poll_result(task, call).map(Err::<(), _>)
+                crate::wake::answer(s, Wait::Poll { task, call }).map(|r| r.map(|_| ()))
             })
             .await
         {
@@ -401,7 +406,7 @@ impl Coordination {
     /// the next change when `version` is the current one.
     pub async fn watch_tasks(&self, version: i64) -> CallResult<(Vec<TaskView>, i64)> {
         self.wait_read(WaitKind::WatchTasks, |s| {
-            s.coordination().watch_tasks_ready(version).then(|| {
+            crate::wake::answer(s, Wait::TaskStates { version }).map(|_| {
                 let views = (0..s.task_count())
                     .map(|i| TaskView {
                         index: i,
@@ -513,7 +518,20 @@ impl Coordination {
         // The waiter parks on the instance the call joined or opened.
         let call = out.call_id;
         self.wait(WaitKind::Barrier, &applied, |s| {
-            s.coordination().barrier_result(&id, instance, call)
+            crate::wake::answer(
+                s,
+                Wait::Barrier {
+                    id: id.clone(),
+                    counter: instance,
+                    call,
+                },
+            )
+            .map(|r| {
+                r.map(|a| match a {
+                    Answer::Counter(c) => c,
+                    _ => instance,
+                })
+            })
         })
         .await
     }
@@ -535,7 +553,22 @@ impl Coordination {
             .await?;
         let generation = reply(out.alive_generation(), "GetAliveTasks")?;
         self.wait(WaitKind::AliveTasks, &applied, |s| {
-            s.coordination().alive_result(&tasks, generation)
+            crate::wake::answer(
+                s,
+                Wait::AliveTasks {
+                    tasks: tasks.clone(),
+                    generation,
+                },
+            )
+            .map(|r| {
+                r.map(|a| match a {
+                    Answer::Alive(a) => a,
+                    _ => AliveTasks {
+                        tasks: Vec::new(),
+                        incarnations: Vec::new(),
+                    },
+                })
+            })
         })
         .await
     }
@@ -554,9 +587,8 @@ impl Coordination {
         // not be applied yet when the leader answers it.
         let call = out.call_id;
         self.wait(WaitKind::WaitForAllTasks, &applied, |s| {
-            s.coordination()
-                .wait_for_all_result(call)
-                .map(|r| r.map(|()| s.coordination().cluster_device_info()))
+            crate::wake::answer(s, Wait::WaitForAll { call })
+                .map(|r| r.map(|_| s.coordination().cluster_device_info()))
         })
         .await
     }

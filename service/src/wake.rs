@@ -354,8 +354,16 @@ impl KeyWaiters {
     }
 }
 
+/// The answer of a parked call waiting for `wait` (see `journal::wait`).
+pub(crate) fn answer(
+    s: &State,
+    mut wait: journal::Wait,
+) -> Option<Result<journal::Answer, DomainError>> {
+    s.wait_result(None, &mut wait)
+}
+
 impl storage::ApplyObserver for KeyWaiters {
-    fn changed(&self, state: &State) {
+    fn changed(&self, state: &State, _touched: &journal::Touched) {
         let now = (state.coordination().kv_revision(), state.epoch());
         let before = self
             .seen
@@ -443,18 +451,18 @@ mod tests {
     fn a_change_wakes_the_waiters_of_exactly_the_keys_it_wrote() {
         let waiters = KeyWaiters::default();
         let mut state = State::new();
-        waiters.changed(&state);
+        waiters.changed(&state, &journal::Touched::default());
         let (a, b) = (waiters.register("a".into()), waiters.register("b".into()));
         state.apply(&insert("a"));
-        assert!(woken(&a, || waiters.changed(&state)));
+        assert!(woken(&a, || waiters.changed(&state, &journal::Touched::default())));
         state.apply(&insert("a"));
-        assert!(!woken(&b, || waiters.changed(&state)));
+        assert!(!woken(&b, || waiters.changed(&state, &journal::Touched::default())));
         state.apply(&insert("c"));
         state.apply(&insert("b"));
         // Every key since the last change it was told of.
-        assert!(woken(&b, || waiters.changed(&state)));
+        assert!(woken(&b, || waiters.changed(&state, &journal::Touched::default())));
         // Nothing new: nobody.
-        assert!(!woken(&a, || waiters.changed(&state)));
+        assert!(!woken(&a, || waiters.changed(&state, &journal::Touched::default())));
         drop(a);
         assert_eq!(waiters.waited_keys(), 1);
     }
@@ -467,22 +475,22 @@ mod tests {
         let older = state.clone();
         state.apply(&insert("y"));
         state.apply(&insert("z"));
-        waiters.changed(&state);
+        waiters.changed(&state, &journal::Touched::default());
         let a = waiters.register("a".into());
         // A snapshot installed from behind what was seen, same epoch.
-        assert!(woken(&a, || waiters.changed(&older)));
-        waiters.changed(&state);
+        assert!(woken(&a, || waiters.changed(&older, &journal::Touched::default())));
+        waiters.changed(&state, &journal::Touched::default());
         state.apply(&Update {
             command: Some(Command::ResetJobEpoch(ResetJobEpoch::default())),
             ..Default::default()
         });
-        assert!(woken(&a, || waiters.changed(&state)));
+        assert!(woken(&a, || waiters.changed(&state, &journal::Touched::default())));
     }
 
     #[test]
     fn a_stopped_state_machine_wakes_everyone_and_closes() {
         let waiters = KeyWaiters::default();
-        waiters.changed(&State::new());
+        waiters.changed(&State::new(), &journal::Touched::default());
         let a = waiters.register("a".into());
         assert!(woken(&a, || waiters.stopped()));
         assert!(waiters.is_closed());

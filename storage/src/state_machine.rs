@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 use futures_util::TryStreamExt;
-use journal::State;
+use journal::{State, Touched};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
@@ -65,7 +65,9 @@ struct Shared {
 pub trait ApplyObserver: Send + Sync {
     /// `state` changed (entries applied, or a snapshot installed); also
     /// called once with the state as it is when the observer is set.
-    fn changed(&self, state: &State);
+    /// `touched` holds what the applies changed (`journal::wait`): every
+    /// object, or `all` (a snapshot installed, the first call).
+    fn changed(&self, state: &State, touched: &Touched);
     /// The state machine stopped (Raft shut down): nothing changes any more.
     fn stopped(&self);
 }
@@ -116,7 +118,7 @@ impl StateHandle {
             return false;
         }
         if let Some(o) = self.0.observer.get() {
-            o.changed(&d.state);
+            o.changed(&d.state, &Touched::everything());
         }
         true
     }
@@ -155,6 +157,8 @@ pub struct StateMachine {
     backend: Arc<dyn Backend>,
     /// The last log id of the stored snapshot; serialises storing.
     stored: Arc<Mutex<Option<LogId>>>,
+    /// What the applies since the observer was last told changed.
+    touched: Touched,
 }
 
 impl StateMachine {
@@ -181,6 +185,7 @@ impl StateMachine {
             }),
             backend,
             stored: Arc::new(Mutex::new(stored.and_then(|s| s.meta.last_log_id))),
+            touched: Touched::default(),
         })
     }
 
@@ -192,10 +197,11 @@ impl StateMachine {
     /// Tells the observer of a change, under the read lock: what it wakes
     /// can read the state at once. Only this task changes the state, so the
     /// observer sees every change, in order.
-    fn changed(&self) {
+    fn changed(&mut self) {
         if let Some(o) = self.shared.observer.get() {
-            o.changed(&self.shared.read().state);
+            o.changed(&self.shared.read().state, &self.touched);
         }
+        self.touched.clear();
     }
 }
 
@@ -416,6 +422,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let entries: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let started = std::time::Instant::now();
         let mut answers = Vec::with_capacity(entries.len());
+        // What changed is recorded only for an observer.
+        let traced = self.shared.observer.get().is_some();
         let last_index = {
             let mut d = self.shared.write();
             for (entry, responder) in entries {
@@ -435,7 +443,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         self.shared
                             .log_bytes
                             .fetch_add(p.encoded_len() as u64, Ordering::Relaxed);
-                        Outcomes(p.batch().updates.iter().map(|u| d.state.apply(u)).collect())
+                        let batch = p.batch().updates.iter();
+                        Outcomes(if traced {
+                            batch
+                                .map(|u| d.state.apply_traced(u, &mut self.touched))
+                                .collect()
+                        } else {
+                            batch.map(|u| d.state.apply(u)).collect()
+                        })
                     }
                     EntryPayload::Membership(m) => {
                         d.membership = StoredMembership::new(Some(entry.log_id), m);
@@ -506,6 +521,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             d.membership = meta.last_membership.clone();
             d.last_applied.map_or(0, |l| l.index)
         };
+        self.touched = Touched::everything();
         self.changed();
         self.shared.applied.send_replace(index);
         Ok(())

@@ -518,11 +518,13 @@ async fn a_staged_snapshot_of_the_wrong_length_is_refused() {
 struct Recorder {
     applied: std::sync::OnceLock<tokio::sync::watch::Receiver<u64>>,
     seen: std::sync::Mutex<Vec<(u64, u64)>>,
+    touched: std::sync::Mutex<Vec<journal::Touched>>,
     stopped: std::sync::atomic::AtomicBool,
 }
 
 impl storage::ApplyObserver for Recorder {
-    fn changed(&self, state: &journal::State) {
+    fn changed(&self, state: &journal::State, touched: &journal::Touched) {
+        self.touched.lock().unwrap().push(touched.clone());
         let published = self.applied.get().map_or(0, |rx| *rx.borrow());
         let revision = state.coordination().kv_revision();
         self.seen.lock().unwrap().push((revision, published));
@@ -552,6 +554,20 @@ async fn an_observer_sees_each_change_before_it_is_published_and_the_stop() {
     // At the observer's start, after the three applies (one call, one
     // change, told before index 5 was published), after the install.
     assert_eq!(*recorder.seen.lock().unwrap(), vec![(2, 2), (5, 2), (1, 5)]);
+    // What changed: everything at the start, the three keys the applies
+    // wrote, everything at the install.
+    let keys = ["k3", "k4", "k5"].map(|k| journal::Object::Key(k.into()));
+    assert_eq!(
+        *recorder.touched.lock().unwrap(),
+        vec![
+            journal::Touched::everything(),
+            journal::Touched {
+                all: false,
+                objects: keys.to_vec()
+            },
+            journal::Touched::everything(),
+        ]
+    );
     assert!(!recorder.stopped.load(std::sync::atomic::Ordering::SeqCst));
     drop(sm);
     assert!(recorder.stopped.load(std::sync::atomic::Ordering::SeqCst));

@@ -38,7 +38,8 @@ pub use crate::pb::closures::{
 use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::pb::closures::{command::Command, reply, Assigned, Reply};
-use crate::pb::{self, outcome, Code, Outcome};
+use crate::pb::{self, outcome, Code, DomainError, Outcome};
+use crate::wait::Object;
 
 /// Default bound on queued closures (upstream's `_CLOSURE_QUEUE_MAX_SIZE`).
 pub const DEFAULT_MAX_QUEUED: u64 = 256 * 1024;
@@ -115,7 +116,7 @@ fn answer(r: Reply) -> Outcome {
 
 /// What a parked get reads of its call.
 #[derive(Clone, Debug, PartialEq)]
-pub enum GetAnswer<'a> {
+pub(crate) enum GetAnswer<'a> {
     /// Still waiting for a closure.
     Waiting,
     /// This closure was handed to the call.
@@ -163,7 +164,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The answer of a parked get.
-    pub fn get_answer(&self, queue: &str, call_id: u64) -> GetAnswer<'a> {
+    pub(crate) fn get_answer(&self, queue: &str, call_id: u64) -> GetAnswer<'a> {
         let Some(q) = self.queue(queue) else {
             return GetAnswer::Gone;
         };
@@ -182,9 +183,21 @@ impl<'a> Reader<'a> {
 
     /// Whether a join of `queue` would answer now: it has an error to
     /// raise, or nothing queued, pending or in flight (or it is gone).
-    pub fn join_ready(&self, queue: &str) -> bool {
+    pub(crate) fn join_ready(&self, queue: &str) -> bool {
         self.queue(queue)
             .is_none_or(|q| q.error.is_some() || q.is_idle())
+    }
+
+    /// Closure `id` of `queue` if it is settled, `None` while it is not;
+    /// an error if the queue or the closure (in that queue) is unknown.
+    pub fn settled(&self, queue: &str, id: u64) -> Result<Option<&'a Closure>, DomainError> {
+        if self.queue(queue).is_none() {
+            return Err(errors::queue_not_found(queue));
+        }
+        let Some(c) = self.closure(id).filter(|c| c.queue == queue) else {
+            return Err(errors::closure_not_found(queue, id));
+        };
+        Ok(c.is_settled().then_some(c))
     }
 
     /// Closures in flight whose lease ended at or before `now_ms`, by queue.
@@ -649,6 +662,8 @@ impl Area for Data {
         let Some(cmd) = &c.command else {
             return Outcome::ok();
         };
+        // Every command acts on the one queue it names, and on its closures.
+        cx.touch(|| Object::Queue(queue_of(cmd).to_string()));
         let Data {
             queues,
             closures,
@@ -730,6 +745,22 @@ impl Area for Data {
     /// What a snapshot must hold is every rule the queues keep.
     fn check_invariants(&self, cluster: Cluster<'_>) -> Result<(), String> {
         self.check_snapshot(cluster)
+    }
+}
+
+/// The queue a command acts on.
+fn queue_of(cmd: &Command) -> &str {
+    match cmd {
+        Command::CreateQueue(c) => &c.queue,
+        Command::Put(c) => &c.queue,
+        Command::Get(c) => &c.queue,
+        Command::Renew(c) => &c.queue,
+        Command::Finish(c) => &c.queue,
+        Command::Fail(c) => &c.queue,
+        Command::PutBack(c) => &c.queue,
+        Command::ExpireLeases(c) => &c.queue,
+        Command::Done(c) => &c.queue,
+        Command::Release(c) => &c.queue,
     }
 }
 

@@ -5,9 +5,16 @@ use super::errors::{self, UnknownTaskIn};
 use super::{Reader, Writer};
 use crate::pb::coordination::{AliveResult, AliveRound, TaskStatus};
 use crate::pb::{DomainError, Outcome};
+use crate::wait::Object;
 
 /// Completed rounds remembered per task set, for late readers.
 const ALIVE_RESULTS_KEPT: usize = 8;
+
+/// The key of the GetAliveTasks round over `tasks` (any order, repeats
+/// allowed): what a waiter on it watches (see [`crate::wait::Object`]).
+pub fn alive_round_key(tasks: &[u32]) -> String {
+    round_key(&sorted_set(tasks))
+}
 
 fn round_key(set: &[u32]) -> String {
     set.iter()
@@ -28,7 +35,7 @@ pub struct AliveTasks {
 impl Writer<'_, '_> {
     /// A task joins the GetAliveTasks rendezvous over `tasks`. The outcome is
     /// parked with `value` = the round's generation; read the answer with
-    /// [`State::alive_result`].
+    /// `Wait::AliveTasks`.
     pub(crate) fn alive_tasks(&mut self, task: u32, tasks: &[u32]) -> Outcome {
         if let Err(e) = self.data.check_task(task, UnknownTaskIn::AliveTasks) {
             return Outcome::err(e);
@@ -45,6 +52,7 @@ impl Writer<'_, '_> {
         }
         let call = self.next_call_id();
         let key = round_key(&set);
+        self.cx.touch(|| Object::AliveRound(key.clone()));
         let round = self.data.alive_rounds.entry(key).or_insert(AliveRound {
             generation: 1,
             tasks: set,
@@ -68,7 +76,7 @@ impl Writer<'_, '_> {
             .iter()
             .map(|t| (t.status(), t.incarnation))
             .collect();
-        for round in self.data.alive_rounds.values_mut() {
+        for (key, round) in self.data.alive_rounds.iter_mut() {
             if round.callers.is_empty() {
                 continue;
             }
@@ -92,6 +100,7 @@ impl Writer<'_, '_> {
             }
             round.generation += 1;
             round.callers.clear();
+            self.cx.touch(|| Object::AliveRound(key.clone()));
         }
     }
 }
@@ -99,7 +108,7 @@ impl Writer<'_, '_> {
 impl<'a> Reader<'a> {
     /// The answer of a parked GetAliveTasks over `tasks` in round
     /// `generation`, or `None` while the round is open.
-    pub fn alive_result(
+    pub(crate) fn alive_result(
         &self,
         tasks: &[u32],
         generation: u64,
@@ -123,7 +132,7 @@ impl<'a> Reader<'a> {
     /// Whether a WatchTasks call with `version` answers now: always, unless it
     /// names the current version (then it waits for the next change). A
     /// version from the future answers at once instead of failing.
-    pub fn watch_tasks_ready(&self, version: i64) -> bool {
+    pub(crate) fn watch_tasks_ready(&self, version: i64) -> bool {
         version != self.data.tasks_version
     }
 }

@@ -7,6 +7,7 @@ use super::errors::{self, UnknownTaskIn};
 use super::{Reader, Writer};
 use crate::pb::coordination::{BarrierArrive, BarrierEntry, BarrierStatus, TaskStatus};
 use crate::pb::{DomainError, Outcome};
+use crate::wait::Object;
 
 /// The registration barrier every RegisterTask joins (counter 0, all tasks).
 pub const REGISTER_BARRIER: &str = "[Init]Wait_for_all_tasks_to_register";
@@ -143,6 +144,7 @@ impl Writer<'_, '_> {
     /// (2) validate the arguments, against a finished instance too, and
     /// replay a finished instance's result; (3) record the arrival.
     pub(crate) fn arrive(&mut self, a: &Arrival<'_>, at: u64) -> Outcome {
+        self.cx.touch(|| Object::Barrier(a.id.to_string()));
         let step = self
             .select_instance(a, at)
             .and_then(|counter| self.validate_arrival(a, counter, at).map(|()| counter));
@@ -363,6 +365,8 @@ impl Writer<'_, '_> {
         if !was_pending && !overwrite {
             return;
         }
+        self.cx.touch(|| Object::Barrier(id.to_string()));
+        let b = self.data.barriers.get_mut(id).expect("present");
         match result {
             Ok(()) => {
                 b.set_status(BarrierStatus::Passed);
@@ -425,6 +429,7 @@ impl Writer<'_, '_> {
         let recoverable = self.task_recoverable(task);
         for (id, counter) in ongoing {
             if recoverable {
+                self.cx.touch(|| Object::Barrier(id.clone()));
                 let b = self.data.barriers.get_mut(&id).expect("listed above");
                 if let Some(call) = b.arrivals.remove(&task) {
                     let e = errors::barrier_stale_invocation(&id, counter, reason, &label);
@@ -450,6 +455,7 @@ impl Writer<'_, '_> {
         let label = self.cl.label(task);
         match self.data.barriers.get(id) {
             None if counter == 0 => {
+                self.cx.touch(|| Object::Barrier(id.to_string()));
                 let e = errors::barrier_cancelled(id, 0, &label);
                 self.data.barriers.insert(
                     id.to_string(),
@@ -512,7 +518,7 @@ impl Writer<'_, '_> {
 impl<'a> Reader<'a> {
     /// The answer of a parked barrier call (`call_id` from its outcome):
     /// `Ok(counter)`, the error, or `None` while the instance is pending.
-    pub fn barrier_result(
+    pub(crate) fn barrier_result(
         &self,
         id: &str,
         counter: i64,

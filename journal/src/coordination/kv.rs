@@ -9,6 +9,7 @@ use super::keys::{dir_prefix, normalize_key};
 use super::{Reader, Writer};
 use crate::pb::coordination::{KvEvent, KvInsert, KvRecord};
 use crate::pb::Outcome;
+use crate::wait::Object;
 
 /// Default bound of the watch history in bytes.
 pub const DEFAULT_WATCH_HISTORY_BYTES: u64 = 16 << 20;
@@ -119,6 +120,7 @@ impl Writer<'_, '_> {
     /// Appends a change to the watch history and drops whole revisions from
     /// its front while it is over its bounds.
     pub(crate) fn record_event(&mut self, revision: u64, key: &str, value: &Bytes, deleted: bool) {
+        self.cx.touch(|| Object::Key(key.to_string()));
         let e = KvEvent {
             revision,
             key: key.to_string(),

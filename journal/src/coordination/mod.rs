@@ -16,7 +16,7 @@ mod kv;
 mod tasks;
 
 pub use crate::pb::coordination::{Data, TaskStatus};
-pub use alive::AliveTasks;
+pub use alive::{alive_round_key, AliveTasks};
 pub use barrier::{shutdown_barrier_id, wait_all_barrier_id, BarrierDeadline, REGISTER_BARRIER};
 pub use keys::normalize_key;
 pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
@@ -26,6 +26,7 @@ use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::pb::coordination::{command::Command, reply::Reply, TaskEntry};
 use crate::pb::{self, outcome, DomainError, Outcome};
+use crate::wait::Object;
 use errors::UnknownTaskIn;
 
 /// The coordination area, read-only: its state and the shared view.
@@ -57,6 +58,14 @@ impl Writer<'_, '_> {
 
     pub(crate) fn bump_tasks_version(&mut self) {
         self.data.tasks_version += 1;
+        self.cx.touch(|| Object::TaskStates);
+    }
+
+    /// A task's entry, to change (the change is reported: see
+    /// [`crate::wait`]).
+    pub(crate) fn task_mut(&mut self, task: u32) -> &mut TaskEntry {
+        self.cx.touch(|| Object::Task(task));
+        self.data.entry_mut(task)
     }
 
     /// Whether `task` is recoverable: the whole service is, or the task

@@ -44,7 +44,7 @@ impl Writer<'_, '_> {
         let label = self.cl.label(task);
         // Upstream records the task's own flag on every registration, before
         // looking at its state.
-        self.data.entry_mut(task).recoverable = declared_recoverable;
+        self.task_mut(task).recoverable = declared_recoverable;
         let recoverable = self.task_recoverable(task);
         let t = self.data.entry(task).clone();
         match t.status() {
@@ -70,8 +70,8 @@ impl Writer<'_, '_> {
                 if recoverable {
                     self.leave_ongoing_barriers(task, errors::LEAVE_REASON_RECONNECTED, at);
                     self.cx.task_lost(task);
-                    self.data.entry_mut(task).incarnation = incarnation;
-                    self.data.entry_mut(task).notice = None;
+                    self.task_mut(task).incarnation = incarnation;
+                    self.task_mut(task).notice = None;
                     self.bump_tasks_version();
                     return super::registered(self.cl.service_incarnation);
                 }
@@ -102,7 +102,7 @@ impl Writer<'_, '_> {
         }
         // A newer registration supersedes a pending older one (which then
         // answers ALREADY_EXISTS through `registration_result`).
-        self.data.entry_mut(task).pending_incarnation = Some(incarnation);
+        self.task_mut(task).pending_incarnation = Some(incarnation);
         let timeout = (cfg.register_timeout_ms > 0).then_some(cfg.register_timeout_ms);
         let arrival = Arrival {
             timeout_ms: timeout,
@@ -120,7 +120,7 @@ impl Writer<'_, '_> {
     }
 
     pub(crate) fn connect_task(&mut self, task: u32, incarnation: u64) {
-        let t = self.data.entry_mut(task);
+        let t = self.task_mut(task);
         t.set_status(TaskStatus::Connected);
         t.incarnation = incarnation;
         t.pending_incarnation = None;
@@ -185,7 +185,7 @@ impl Writer<'_, '_> {
             return;
         }
         let reason = errors::leave_reason_error(&e);
-        let t = self.data.entry_mut(task);
+        let t = self.task_mut(task);
         t.set_status(TaskStatus::Error);
         t.error = Some(e);
         // `pending_incarnation` stays: a registration waiting at a barrier
@@ -216,11 +216,18 @@ impl Writer<'_, '_> {
             return;
         }
         if self.cl.notify_tasks() {
-            for t in &mut self.data.tasks {
-                if t.poll_id != 0 && t.poll_result.is_none() {
+            for i in 0..self.data.task_count() {
+                let t = self.data.entry(i);
+                let polled = t.poll_id != 0 && t.poll_result.is_none();
+                let noticed = t.status() == TaskStatus::Connected && t.notice.is_none();
+                if !polled && !noticed {
+                    continue;
+                }
+                let t = self.task_mut(i);
+                if polled {
                     t.poll_result = Some(e.clone());
                 }
-                if t.status() == TaskStatus::Connected && t.notice.is_none() {
+                if noticed {
                     t.notice = Some(e.clone());
                 }
             }
@@ -237,9 +244,10 @@ impl Writer<'_, '_> {
         if self.data.propagated_error.is_some() {
             return;
         }
-        for t in &mut self.data.tasks {
+        for i in 0..self.data.task_count() {
+            let t = self.data.entry(i);
             if t.poll_id != 0 && t.poll_result.is_none() {
-                t.poll_result = Some(e.clone());
+                self.task_mut(i).poll_result = Some(e.clone());
             }
         }
         self.data.propagated_error = Some(e);
@@ -263,7 +271,7 @@ impl Writer<'_, '_> {
             return Outcome::err(e.clone());
         }
         let call = self.next_call_id();
-        let t = self.data.entry_mut(task);
+        let t = self.task_mut(task);
         t.poll_id = call;
         t.poll_result = None;
         Outcome::parked(call)
@@ -273,7 +281,7 @@ impl Writer<'_, '_> {
 
     /// Disconnects a task: cancels its poll, makes it leave its barriers.
     pub(crate) fn disconnect_task(&mut self, task: u32, at: u64) {
-        let t = self.data.entry_mut(task);
+        let t = self.task_mut(task);
         t.set_status(TaskStatus::Disconnected);
         t.disconnected_at_ms = at.max(1);
         t.error = None;
@@ -359,7 +367,7 @@ impl Writer<'_, '_> {
         }
         // Upstream keeps the device info of a task's first call that lists
         // any (empty `info`: none listed).
-        let t = self.data.entry_mut(task);
+        let t = self.task_mut(task);
         if t.device_info.is_none() && !info.is_empty() {
             t.device_info = Some(info.clone());
         }
@@ -389,7 +397,7 @@ impl<'a> Reader<'a> {
 
     /// The answer of a parked RegisterTask of `task` with `incarnation`, or
     /// `None` while it must keep waiting.
-    pub fn registration_result(
+    pub(crate) fn registration_result(
         &self,
         task: u32,
         incarnation: u64,
@@ -449,7 +457,7 @@ impl<'a> Reader<'a> {
 
     /// The answer of a parked PollForError (`poll_id` from its outcome), or
     /// `None` while it keeps waiting. A poll only ever ends with an error.
-    pub fn poll_result(&self, task: u32, poll_id: u64) -> Option<DomainError> {
+    pub(crate) fn poll_result(&self, task: u32, poll_id: u64) -> Option<DomainError> {
         let Some(t) = self.task(task) else {
             return Some(errors::epoch_reset());
         };
@@ -486,7 +494,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The answer of a parked ShutdownTask (`call_id` from its outcome).
-    pub fn shutdown_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
+    pub(crate) fn shutdown_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
         let id = shutdown_barrier_id(self.cl.service_incarnation);
         self.barrier_result(&id, 0, call_id).map(|r| {
             r.map(|_| ())
@@ -495,7 +503,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The answer of a parked WaitForAllTasks (`call_id` from its outcome).
-    pub fn wait_for_all_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
+    pub(crate) fn wait_for_all_result(&self, call_id: u64) -> Option<Result<(), DomainError>> {
         let id = wait_all_barrier_id(self.cl.service_incarnation);
         self.barrier_result(&id, 0, call_id).map(|r| r.map(|_| ()))
     }

@@ -10,7 +10,7 @@ mod prop;
 mod queue;
 mod rules;
 
-use journal::closures::{Closure, ClosureState, GetAnswer};
+use journal::closures::{Closure, ClosureState};
 use journal::pb::closures::{self as c, reply::Reply as R, Assigned, ClosureError};
 use journal::pb::{outcome, Code, Origin};
 use journal::{Outcome, State, Update};
@@ -169,10 +169,14 @@ impl T {
     }
 
     pub fn get_answer(&self, call_id: u64) -> Option<u64> {
-        match self.s.closures().get_answer(Q, call_id) {
-            GetAnswer::Assigned(c) => Some(c.id),
-            GetAnswer::Waiting => None,
-            GetAnswer::Gone => Some(0),
+        let w = journal::Wait::ClosureGet {
+            queue: Q.into(),
+            call: call_id,
+        };
+        match common::wait(&self.s, w)? {
+            Ok(journal::Answer::Assigned(Some(a))) => Some(a.closure_id),
+            Ok(journal::Answer::Assigned(None)) => Some(0),
+            other => panic!("a closure get answered {other:?}"),
         }
     }
 

@@ -106,7 +106,7 @@ proptest! {
                     t.run(c::Renew { queue: Q.into(), worker: worker(w) });
                 }
                 Op::Join => {
-                    let ready = t.s.closures().join_ready(Q);
+                    let ready = common::join_ready(&t.s, Q);
                     let out = t.done();
                     let idle = reply(&out).reply == Some(R::Idle(true));
                     prop_assert_eq!(ready, idle || raised(&out).is_some());

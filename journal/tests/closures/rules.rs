@@ -146,17 +146,17 @@ fn put_raises_the_pending_error_once_and_its_closure_is_cancelled() {
 #[test]
 fn join_is_ready_when_nothing_is_queued_or_in_flight() {
     let mut t = T::new(10);
-    assert!(t.s.closures().join_ready(Q));
+    assert!(common::join_ready(&t.s, Q));
     let a = t.put_ok("a");
     let b = t.put_ok("b");
-    assert!(!t.s.closures().join_ready(Q));
+    assert!(!common::join_ready(&t.s, Q));
     t.get_ok("w");
     t.finish(a, "w", "r");
-    assert!(!t.s.closures().join_ready(Q));
+    assert!(!common::join_ready(&t.s, Q));
     t.get_ok("w");
-    assert!(!t.s.closures().join_ready(Q), "in flight");
+    assert!(!common::join_ready(&t.s, Q), "in flight");
     t.finish(b, "w", "r");
-    assert!(t.s.closures().join_ready(Q));
+    assert!(common::join_ready(&t.s, Q));
     assert_eq!(reply(&t.done()).reply, Some(R::Idle(true)));
 }
 
@@ -167,7 +167,7 @@ fn join_is_ready_at_the_first_error_which_one_call_raises_and_clears() {
     t.put_ok("b");
     t.get_ok("w");
     t.fail(a, "w", "boom");
-    assert!(t.s.closures().join_ready(Q));
+    assert!(common::join_ready(&t.s, Q));
     // Two joiners step: the first raises, the second finds the queue idle.
     let first = t.done();
     assert_eq!(raised(&first).expect("raised").message, "boom");

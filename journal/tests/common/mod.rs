@@ -159,7 +159,7 @@ pub fn register_all(s: &mut State, at: u64) {
     }
     for t in 0..n {
         assert_eq!(
-            s.coordination().registration_result(t, tinc(t)),
+            registration_result(s, t, tinc(t)),
             Some(Ok(SVC_INC)),
             "task {t}"
         );
@@ -392,4 +392,101 @@ pub fn statuses(s: &State) -> Vec<TaskStatus> {
     (0..s.task_count())
         .map(|t| s.coordination().task_status(t).unwrap())
         .collect()
+}
+
+// ------------------------------------------------- parked calls' answers ----
+// Each reads `State::wait_result` for one kind of wait (no epoch check).
+
+/// The answer of a parked call waiting for `w`.
+pub fn wait(s: &State, mut w: journal::Wait) -> Option<Result<journal::Answer, DomainError>> {
+    s.wait_result(None, &mut w)
+}
+
+/// A parked RegisterTask's answer: the service incarnation.
+pub fn registration_result(
+    s: &State,
+    task: u32,
+    incarnation: u64,
+) -> Option<Result<u64, DomainError>> {
+    wait(s, journal::Wait::Registration { task, incarnation }).map(|r| {
+        r.map(|a| match a {
+            journal::Answer::Incarnation(i) => i,
+            other => panic!("a registration answered {other:?}"),
+        })
+    })
+}
+
+/// A parked barrier call's answer: the instance that passed.
+pub fn barrier_result(
+    s: &State,
+    id: &str,
+    counter: i64,
+    call: u64,
+) -> Option<Result<i64, DomainError>> {
+    wait(
+        s,
+        journal::Wait::Barrier {
+            id: id.into(),
+            counter,
+            call,
+        },
+    )
+    .map(|r| {
+        r.map(|a| match a {
+            journal::Answer::Counter(c) => c,
+            other => panic!("a barrier answered {other:?}"),
+        })
+    })
+}
+
+/// A parked ShutdownTask's answer.
+pub fn shutdown_result(s: &State, call: u64) -> Option<Result<(), DomainError>> {
+    wait(s, journal::Wait::Shutdown { call }).map(|r| r.map(|_| ()))
+}
+
+/// A parked WaitForAllTasks' answer.
+pub fn wait_for_all_result(s: &State, call: u64) -> Option<Result<(), DomainError>> {
+    wait(s, journal::Wait::WaitForAll { call }).map(|r| r.map(|_| ()))
+}
+
+/// A parked PollForError's answer (it only ever ends with an error).
+pub fn poll_result(s: &State, task: u32, call: u64) -> Option<DomainError> {
+    wait(s, journal::Wait::Poll { task, call }).map(|r| r.expect_err("a poll ends with an error"))
+}
+
+/// A parked GetAliveTasks' answer.
+pub fn alive_result(
+    s: &State,
+    tasks: &[u32],
+    generation: u64,
+) -> Option<Result<journal::coordination::AliveTasks, DomainError>> {
+    wait(
+        s,
+        journal::Wait::AliveTasks {
+            tasks: tasks.to_vec(),
+            generation,
+        },
+    )
+    .map(|r| {
+        r.map(|a| match a {
+            journal::Answer::Alive(a) => a,
+            other => panic!("GetAliveTasks answered {other:?}"),
+        })
+    })
+}
+
+/// Whether a WatchTasks that knows `version` answers now.
+pub fn watch_tasks_ready(s: &State, version: i64) -> bool {
+    wait(s, journal::Wait::TaskStates { version }).is_some()
+}
+
+/// Whether a join of `queue` answers now.
+pub fn join_ready(s: &State, queue: &str) -> bool {
+    wait(
+        s,
+        journal::Wait::JoinReady {
+            queue: queue.into(),
+        },
+    )
+    .is_some()
 }

@@ -26,25 +26,19 @@ fn alive_tasks_is_a_rendezvous_of_connected_tasks() {
     let a = apply(&mut s, alive(0, &[1, 0]), 2000);
     parked(&a);
     let gen = a.alive_generation().unwrap();
-    assert_eq!(s.coordination().alive_result(&[0, 1], gen), None);
+    assert_eq!(alive_result(&s, &[0, 1], gen), None);
     let b = apply(&mut s, alive(1, &[0, 1]), 2100);
     assert_eq!(b.alive_generation().unwrap(), gen, "same round");
     let expected = AliveTasks {
         tasks: vec![0, 1],
         incarnations: vec![tinc(0), tinc(1)],
     };
-    assert_eq!(
-        s.coordination().alive_result(&[1, 0], gen),
-        Some(Ok(expected.clone()))
-    );
-    assert_eq!(
-        s.coordination().alive_result(&[0, 1], gen),
-        Some(Ok(expected))
-    );
+    assert_eq!(alive_result(&s, &[1, 0], gen), Some(Ok(expected.clone())));
+    assert_eq!(alive_result(&s, &[0, 1], gen), Some(Ok(expected)));
     // A new round starts with the next generation.
     let c = apply(&mut s, alive(0, &[0, 1]), 2200);
     assert_eq!(c.alive_generation().unwrap(), gen + 1);
-    assert_eq!(s.coordination().alive_result(&[0, 1], gen + 1), None);
+    assert_eq!(alive_result(&s, &[0, 1], gen + 1), None);
 }
 
 #[test]
@@ -54,10 +48,10 @@ fn pending_alive_round_finishes_when_a_task_errors() {
     let a = apply(&mut s, alive(0, &[0, 1, 2]), 2000);
     let gen = a.alive_generation().unwrap();
     parked(&apply(&mut s, alive(1, &[0, 1, 2]), 2000));
-    assert_eq!(s.coordination().alive_result(&[0, 1, 2], gen), None);
+    assert_eq!(alive_result(&s, &[0, 1, 2], gen), None);
     ok(&apply(&mut s, unhealthy(&[2]), 3000));
     assert_eq!(
-        s.coordination().alive_result(&[0, 1, 2], gen),
+        alive_result(&s, &[0, 1, 2], gen),
         Some(Ok(AliveTasks {
             tasks: vec![0, 1],
             incarnations: vec![tinc(0), tinc(1)],
@@ -72,11 +66,7 @@ fn pending_alive_round_finishes_when_a_task_disconnects() {
         .alive_generation()
         .unwrap();
     ok(&apply(&mut s, shutdown(2), 2100));
-    let r = s
-        .coordination()
-        .alive_result(&[0, 2], gen)
-        .unwrap()
-        .unwrap();
+    let r = alive_result(&s, &[0, 2], gen).unwrap().unwrap();
     assert_eq!(r.tasks, vec![0]);
     assert_eq!(r.incarnations, vec![tinc(0)]);
 }
@@ -87,9 +77,7 @@ fn disconnected_tasks_are_not_waited_for() {
     ok(&apply(&mut s, shutdown(1), 1500));
     let out = apply(&mut s, alive(0, &[0, 1]), 2000);
     assert!(!out.is_err());
-    let r = s
-        .coordination()
-        .alive_result(&[0, 1], out.alive_generation().unwrap())
+    let r = alive_result(&s, &[0, 1], out.alive_generation().unwrap())
         .unwrap()
         .unwrap();
     assert_eq!(r.tasks, vec![0]);
@@ -100,11 +88,11 @@ fn watch_tasks_answers_old_and_future_versions_and_waits_on_current() {
     let s = cluster(2, Opts::default());
     let v = s.coordination().tasks_version();
     assert!(v > 0, "registration bumped the version");
-    assert!(s.coordination().watch_tasks_ready(-1));
-    assert!(s.coordination().watch_tasks_ready(v - 1));
-    assert!(!s.coordination().watch_tasks_ready(v));
+    assert!(watch_tasks_ready(&s, -1));
+    assert!(watch_tasks_ready(&s, v - 1));
+    assert!(!watch_tasks_ready(&s, v));
     assert!(
-        s.coordination().watch_tasks_ready(v + 5),
+        watch_tasks_ready(&s, v + 5),
         "future version answers at once"
     );
 }
@@ -117,7 +105,7 @@ fn watch_version_bumps_on_every_task_state_change() {
     ok(&apply(&mut s, register(1, 2), 10));
     let v1 = s.coordination().tasks_version();
     assert!(v1 > v0);
-    assert!(s.coordination().watch_tasks_ready(v0));
+    assert!(watch_tasks_ready(&s, v0));
     parked(&apply(&mut s, poll(0), 20));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 30));
     let v2 = s.coordination().tasks_version();
@@ -142,18 +130,18 @@ fn watch_shows_a_reset_task_disconnected_then_its_new_incarnation() {
     let mut s = cluster_jobs(&[("worker", 2)], Opts::no_shutdown_barrier());
     let v0 = s.coordination().tasks_version();
     ok(&apply(&mut s, reset_task(1), 2000));
-    assert!(s.coordination().watch_tasks_ready(v0));
+    assert!(watch_tasks_ready(&s, v0));
     assert_eq!(
         s.coordination().task_status(1),
         Some(TaskStatus::Disconnected)
     );
     let v1 = s.coordination().tasks_version();
     assert!(
-        !s.coordination().watch_tasks_ready(v1),
+        !watch_tasks_ready(&s, v1),
         "a watch on the current version waits"
     );
     ok(&apply(&mut s, register(1, 4242), 2100));
-    assert!(s.coordination().watch_tasks_ready(v1));
+    assert!(watch_tasks_ready(&s, v1));
     assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Connected));
     assert_eq!(s.coordination().task(1).unwrap().incarnation, 4242);
 }
@@ -167,20 +155,20 @@ fn alive_rounds_over_different_sets_run_concurrently() {
     let (ga, gb) = (a.alive_generation().unwrap(), b.alive_generation().unwrap());
     ok_or_parked(&apply(&mut s, alive(1, &[0, 1]), 2100));
     assert_eq!(
-        s.coordination().alive_result(&[0, 1], ga),
+        alive_result(&s, &[0, 1], ga),
         Some(Ok(AliveTasks {
             tasks: vec![0, 1],
             incarnations: vec![tinc(0), tinc(1)],
         }))
     );
     assert_eq!(
-        s.coordination().alive_result(&[1, 2], gb),
+        alive_result(&s, &[1, 2], gb),
         None,
         "the other round still waits"
     );
     ok_or_parked(&apply(&mut s, alive(1, &[1, 2]), 2200));
     assert_eq!(
-        s.coordination().alive_result(&[1, 2], gb),
+        alive_result(&s, &[1, 2], gb),
         Some(Ok(AliveTasks {
             tasks: vec![1, 2],
             incarnations: vec![tinc(1), tinc(2)],
@@ -201,8 +189,7 @@ fn a_repeated_alive_call_of_one_task_is_answered_with_its_round() {
     );
     ok_or_parked(&apply(&mut s, alive(1, &[0, 1]), 2100));
     assert!(matches!(
-        s.coordination()
-            .alive_result(&[0, 1], first.alive_generation().unwrap()),
+        alive_result(&s, &[0, 1], first.alive_generation().unwrap()),
         Some(Ok(_))
     ));
 }

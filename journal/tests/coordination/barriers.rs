@@ -6,8 +6,7 @@ use journal::{Code, DomainError, State};
 
 #[track_caller]
 fn failed(s: &State, id: &str, counter: i64, call: u64) -> DomainError {
-    s.coordination()
-        .barrier_result(id, counter, call)
+    barrier_result(s, id, counter, call)
         .expect("answered")
         .expect_err("failed")
 }
@@ -24,12 +23,12 @@ fn barrier_over_all_tasks_passes_when_last_arrives() {
     let mut s = cluster(3, Opts::default());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     let c1 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2000));
-    assert_eq!(s.coordination().barrier_result("b", 0, c0), None);
+    assert_eq!(barrier_result(&s, "b", 0, c0), None);
     let out = apply(&mut s, arrive("b", 0, 60_000, &[], 2), 2000);
     ok(&out);
     assert_eq!(out.barrier_counter().unwrap(), 0);
-    assert_eq!(s.coordination().barrier_result("b", 0, c0), Some(Ok(0)));
-    assert_eq!(s.coordination().barrier_result("b", 0, c1), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "b", 0, c0), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "b", 0, c1), Some(Ok(0)));
     let b = s.coordination().barrier("b").unwrap();
     assert_eq!(b.status(), BarrierStatus::Passed);
     assert!(b.all_tasks);
@@ -45,7 +44,7 @@ fn next_counter_creates_a_new_instance_and_returns_its_counter() {
         let out = apply(&mut s, arrive("b", c, 60_000, &[], 1), 2000);
         ok(&out);
         assert_eq!(out.barrier_counter().unwrap(), c);
-        assert_eq!(s.coordination().barrier_result("b", c, p), Some(Ok(c)));
+        assert_eq!(barrier_result(&s, "b", c, p), Some(Ok(c)));
         assert_eq!(s.coordination().barrier("b").unwrap().counter, c);
     }
 }
@@ -139,7 +138,7 @@ fn subset_barrier_needs_only_its_participants() {
     assert_eq!(b.participants, vec![1, 3]);
     let out = apply(&mut s, arrive("s", 0, 60_000, &[1, 3], 3), 2000);
     ok(&out);
-    assert_eq!(s.coordination().barrier_result("s", 0, c), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "s", 0, c), Some(Ok(0)));
 }
 
 #[test]
@@ -242,7 +241,7 @@ fn deadline_is_set_by_first_caller_and_timeout_fails_all_waiters() {
     // Too early, or the wrong counter: nothing happens.
     ok(&apply(&mut s, expire("b", 0), 2999));
     ok(&apply(&mut s, expire("b", 1), 5000));
-    assert_eq!(s.coordination().barrier_result("b", 0, c0), None);
+    assert_eq!(barrier_result(&s, "b", 0, c0), None);
     ok(&apply(&mut s, expire("b", 0), 3000));
     let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::DeadlineExceeded);
@@ -275,7 +274,7 @@ fn same_task_arriving_twice_cancels_its_earlier_call() {
         BarrierStatus::Pending
     );
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 1), 2200));
-    assert_eq!(s.coordination().barrier_result("b", 0, second), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "b", 0, second), Some(Ok(0)));
 }
 
 #[test]
@@ -320,7 +319,7 @@ fn participant_disconnecting_while_pending_fails_barrier() {
     let e = failed(&s, "b", 0, c0);
     code_is(&e, Code::Internal);
     contains(&e, "task disconnected");
-    assert_eq!(s.coordination().barrier_result("o", 0, other), None);
+    assert_eq!(barrier_result(&s, "o", 0, other), None);
 }
 
 #[test]
@@ -359,11 +358,7 @@ fn cancel_with_wrong_counter_is_failed_precondition() {
         "Barrier (b::3) is cancelled by task, but the service thinks it is the 0-th instance.",
     );
     barrier_payload(&e, "b", 0);
-    assert_eq!(
-        s.coordination().barrier_result("b", 0, c0),
-        None,
-        "still pending"
-    );
+    assert_eq!(barrier_result(&s, "b", 0, c0), None, "still pending");
 }
 
 #[test]
@@ -412,7 +407,7 @@ fn recoverable_restarted_task_rejoins_current_instance_with_counter_zero() {
     let out = apply(&mut s, arrive("b", 0, 60_000, &[], 1), 3200);
     ok(&out);
     assert_eq!(out.barrier_counter().unwrap(), 1);
-    assert_eq!(s.coordination().barrier_result("b", 1, c0), Some(Ok(1)));
+    assert_eq!(barrier_result(&s, "b", 1, c0), Some(Ok(1)));
 }
 
 // ---- XLA's order of checks (reference §3.8; issue #19) ----------------------
@@ -522,11 +517,11 @@ fn recoverable_restarted_task_opens_the_next_instance_of_a_finished_barrier() {
         3,
         "the call waits at instance 3"
     );
-    assert_eq!(s.coordination().barrier_result("B", 3, c0), None);
+    assert_eq!(barrier_result(&s, "B", 3, c0), None);
     let out = apply(&mut s, arrive("B", 3, 60_000, &[], 1), 3200);
     ok(&out);
     assert_eq!(out.barrier_counter().unwrap(), 3);
-    assert_eq!(s.coordination().barrier_result("B", 3, c0), Some(Ok(3)));
+    assert_eq!(barrier_result(&s, "B", 3, c0), Some(Ok(3)));
     // The restarted agent adopted 3 and goes on with 4.
     parked(&apply(&mut s, arrive("B", 4, 60_000, &[], 0), 3300));
     ok(&apply(&mut s, arrive("B", 4, 60_000, &[], 1), 3300));

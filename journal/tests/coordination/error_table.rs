@@ -29,11 +29,7 @@ fn register_task_already_exists_superseded() {
     let mut s = new_state(2, &Opts::default());
     parked(&apply(&mut s, register(0, 1), 1));
     parked(&apply(&mut s, register(0, 2), 2));
-    let e = s
-        .coordination()
-        .registration_result(0, 1)
-        .unwrap()
-        .unwrap_err();
+    let e = registration_result(&s, 0, 1).unwrap().unwrap_err();
     code_is(&e, Code::AlreadyExists);
     assert!(e.coordination_payload);
 }
@@ -67,9 +63,7 @@ fn register_task_deadline_exceeded_registration_barrier_timeout() {
     // The waiting RegisterTask gets the barrier's DEADLINE_EXCEEDED
     // (+BarrierError{[Init]Wait_for_all_tasks_to_register, 0}) even though the
     // failure also set every task to ERROR (reference §3.2 / §3.10).
-    let e = s
-        .coordination()
-        .registration_result(0, 10)
+    let e = registration_result(&s, 0, 10)
         .expect("answered")
         .unwrap_err();
     code_is(&e, Code::DeadlineExceeded);
@@ -123,10 +117,7 @@ fn poll_for_error_unavailable_heartbeat_timeout() {
     let mut s = cluster(2, Opts::default());
     let p = parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, unhealthy(&[1]), 20_000));
-    code_is(
-        &s.coordination().poll_result(0, p).unwrap(),
-        Code::Unavailable,
-    );
+    code_is(&poll_result(&s, 0, p).unwrap(), Code::Unavailable);
 }
 
 #[test]
@@ -134,7 +125,7 @@ fn poll_for_error_aborted_incarnation() {
     let mut s = cluster(2, Opts::default());
     let p = parked(&apply(&mut s, poll(0), 1500));
     err(&apply(&mut s, heartbeat(1, 5), 2000), Code::Aborted);
-    code_is(&s.coordination().poll_result(0, p).unwrap(), Code::Aborted);
+    code_is(&poll_result(&s, 0, p).unwrap(), Code::Aborted);
 }
 
 #[test]
@@ -147,7 +138,7 @@ fn poll_for_error_internal_shutdown_barrier_failure() {
         expire(&shutdown_barrier_id(SVC_INC), 0),
         7000,
     ));
-    let e = s.coordination().poll_result(1, p).unwrap();
+    let e = poll_result(&s, 1, p).unwrap();
     code_is(&e, Code::Internal);
     contains(&e, "Shutdown barrier has failed.");
 }
@@ -161,7 +152,7 @@ fn poll_for_error_reported_code() {
         report(1, Code::ResourceExhausted, "oom"),
         2000,
     ));
-    let e = s.coordination().poll_result(0, p).unwrap();
+    let e = poll_result(&s, 0, p).unwrap();
     code_is(&e, Code::ResourceExhausted);
     assert!(e.is_reported_error);
     assert_eq!(e.source_task, Some(1));
@@ -172,15 +163,9 @@ fn poll_for_error_cancelled_disconnect_and_repoll() {
     let mut s = cluster(2, Opts::no_shutdown_barrier());
     let a = parked(&apply(&mut s, poll(0), 1500));
     let b = parked(&apply(&mut s, poll(0), 1600));
-    code_is(
-        &s.coordination().poll_result(0, a).unwrap(),
-        Code::Cancelled,
-    );
+    code_is(&poll_result(&s, 0, a).unwrap(), Code::Cancelled);
     ok(&apply(&mut s, shutdown(0), 2000));
-    code_is(
-        &s.coordination().poll_result(0, b).unwrap(),
-        Code::Cancelled,
-    );
+    code_is(&poll_result(&s, 0, b).unwrap(), Code::Cancelled);
 }
 
 #[test]
@@ -248,7 +233,7 @@ fn shutdown_task_internal_barrier_failed() {
         7000,
     ));
     code_is(
-        &s.coordination().shutdown_result(c).unwrap().unwrap_err(),
+        &shutdown_result(&s, c).unwrap().unwrap_err(),
         Code::Internal,
     );
 }
@@ -339,11 +324,7 @@ fn barrier_deadline_exceeded_timeout() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, expire("b", 0), 3000));
-    let e = s
-        .coordination()
-        .barrier_result("b", 0, c)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "b", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::DeadlineExceeded);
     assert!(e.barrier.is_some());
 }
@@ -370,11 +351,7 @@ fn barrier_internal_counter_mismatch_and_participant_error() {
     parked(&apply(&mut s, poll(0), 1500));
     let c = parked(&apply(&mut s, arrive("c", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, report(1, Code::Internal, "x"), 2100));
-    let e = s
-        .coordination()
-        .barrier_result("c", 0, c)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "c", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     assert!(e.barrier.is_some());
 }
@@ -384,11 +361,7 @@ fn barrier_cancelled_via_cancel_barrier_with_payload() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     ok(&apply(&mut s, cancel("b", 0, 0), 2100));
-    let e = s
-        .coordination()
-        .barrier_result("b", 0, c)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "b", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::Cancelled);
     assert!(e.barrier.is_some() && e.coordination_payload);
 }
@@ -398,11 +371,7 @@ fn barrier_cancelled_superseded_duplicate_without_payload() {
     let mut s = cluster(2, Opts::default());
     let c = parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
     parked(&apply(&mut s, arrive("b", 0, 1000, &[], 0), 2000));
-    let e = s
-        .coordination()
-        .barrier_result("b", 0, c)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "b", 0, c).unwrap().unwrap_err();
     code_is(&e, Code::Cancelled);
     assert!(e.barrier.is_none() && !e.coordination_payload);
 }
@@ -439,9 +408,7 @@ fn get_alive_tasks_ok() {
     let mut s = cluster(1, Opts::default());
     let out = apply(&mut s, alive(0, &[0]), 2000);
     assert!(!out.is_err());
-    let r = s
-        .coordination()
-        .alive_result(&[0], out.alive_generation().unwrap())
+    let r = alive_result(&s, &[0], out.alive_generation().unwrap())
         .unwrap()
         .unwrap();
     assert_eq!(r.tasks, vec![0]);
@@ -457,7 +424,7 @@ fn get_alive_tasks_invalid_argument_requester_not_in_set() {
 #[test]
 fn watch_tasks_ok() {
     let s = cluster(1, Opts::default());
-    assert!(s.coordination().watch_tasks_ready(-1));
+    assert!(watch_tasks_ready(&s, -1));
 }
 
 // ------------------------------------------------------ every RPC but one --

@@ -9,14 +9,14 @@ fn reported_error_is_delivered_to_pending_pollers_with_payload() {
     let mut s = cluster(3, Opts::default());
     let p0 = parked(&apply(&mut s, poll(0), 1500));
     let p1 = parked(&apply(&mut s, poll(1), 1500));
-    assert_eq!(s.coordination().poll_result(0, p0), None);
+    assert_eq!(poll_result(&s, 0, p0), None);
     ok(&apply(
         &mut s,
         report(2, Code::Internal, "boom from 2"),
         2000,
     ));
     for (t, p) in [(0, p0), (1, p1)] {
-        let e = s.coordination().poll_result(t, p).expect("answered");
+        let e = poll_result(&s, t, p).expect("answered");
         code_is(&e, Code::Internal);
         assert_eq!(e.message, "boom from 2");
         assert!(e.coordination_payload);
@@ -47,10 +47,7 @@ fn error_is_propagated_only_once() {
     let p0 = parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, report(1, Code::Internal, "first"), 2000));
     ok(&apply(&mut s, report(2, Code::Aborted, "second"), 2100));
-    assert_eq!(
-        s.coordination().poll_result(0, p0).unwrap().message,
-        "first"
-    );
+    assert_eq!(poll_result(&s, 0, p0).unwrap().message, "first");
     assert_eq!(
         s.coordination().propagated_error().unwrap().message,
         "first"
@@ -131,13 +128,13 @@ fn second_poll_of_same_task_cancels_the_first() {
     let a = parked(&apply(&mut s, poll(0), 1500));
     let b = parked(&apply(&mut s, poll(0), 1600));
     assert_ne!(a, b);
-    let e = s.coordination().poll_result(0, a).unwrap();
+    let e = poll_result(&s, 0, a).unwrap();
     code_is(&e, Code::Cancelled);
     assert_eq!(
         e.message,
         "Cancelled error polling because: new request from the same task"
     );
-    assert_eq!(s.coordination().poll_result(0, b), None);
+    assert_eq!(poll_result(&s, 0, b), None);
 }
 
 #[test]
@@ -165,7 +162,7 @@ fn poll_is_cancelled_when_task_disconnects() {
     let mut s = cluster(2, Opts::no_shutdown_barrier());
     let p = parked(&apply(&mut s, poll(1), 1500));
     ok(&apply(&mut s, shutdown(1), 2000));
-    let e = s.coordination().poll_result(1, p).unwrap();
+    let e = poll_result(&s, 1, p).unwrap();
     code_is(&e, Code::Cancelled);
     assert_eq!(
         e.message,
@@ -178,7 +175,7 @@ fn recoverable_service_does_not_propagate_errors() {
     let mut s = cluster(3, Opts::recoverable());
     let p0 = parked(&apply(&mut s, poll(0), 1500));
     ok(&apply(&mut s, report(1, Code::Internal, "boom"), 2000));
-    assert_eq!(s.coordination().poll_result(0, p0), None);
+    assert_eq!(poll_result(&s, 0, p0), None);
     assert!(s.coordination().propagated_error().is_none());
     assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Error));
     assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
@@ -208,11 +205,7 @@ fn task_error_fails_barriers_that_include_it_only() {
     let v = s.coordination().tasks_version();
     ok(&apply(&mut s, report(2, Code::Internal, "dead"), 2100));
     assert!(s.coordination().tasks_version() > v);
-    let e = s
-        .coordination()
-        .barrier_result("all", 0, all)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "all", 0, all).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -220,14 +213,14 @@ fn task_error_fails_barriers_that_include_it_only() {
     );
     assert_eq!(e.barrier.as_ref().unwrap().id, "all");
     assert_eq!(e.barrier.as_ref().unwrap().counter, 0);
-    assert_eq!(s.coordination().barrier_result("sub", 0, sub), None);
+    assert_eq!(barrier_result(&s, "sub", 0, sub), None);
     assert_eq!(
         s.coordination().barrier("sub").unwrap().status(),
         BarrierStatus::Pending
     );
     let out = apply(&mut s, arrive("sub", 0, 60_000, &[0, 1], 1), 2200);
     ok(&out);
-    assert_eq!(s.coordination().barrier_result("sub", 0, sub), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "sub", 0, sub), Some(Ok(0)));
 }
 
 // ---- XLA's PollForError-after-shutdown scenarios (tests/README.md) ---------

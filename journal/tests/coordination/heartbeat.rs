@@ -85,7 +85,7 @@ fn heartbeat_incarnation_mismatch_aborts_sets_error_and_propagates() {
     );
     assert!(e.coordination_payload);
     assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Error));
-    assert_eq!(s.coordination().poll_result(2, p2), Some(e.clone()));
+    assert_eq!(poll_result(&s, 2, p2), Some(e.clone()));
     assert_eq!(s.coordination().propagated_error(), Some(&e));
 }
 
@@ -129,7 +129,7 @@ fn heartbeat_timeout_marks_stale_tasks_and_propagates_combined_error() {
     // The others keep working.
     assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
     assert_eq!(s.coordination().task_status(2), Some(TaskStatus::Connected));
-    let pe = s.coordination().poll_result(0, p0).expect("poller told");
+    let pe = poll_result(&s, 0, p0).expect("poller told");
     code_is(&pe, Code::Unavailable);
     contains(&pe, "The following tasks are unhealthy (stopped sending heartbeats):\n1\n3\nThe tasks have crashed.");
     assert!(pe.coordination_payload);

@@ -12,8 +12,8 @@ fn registration_waits_at_barrier_until_all_tasks_registered() {
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
     parked(&apply(&mut s, register(0, 10), 100));
     parked(&apply(&mut s, register(1, 11), 100));
-    assert_eq!(s.coordination().registration_result(0, 10), None);
-    assert_eq!(s.coordination().registration_result(1, 11), None);
+    assert_eq!(registration_result(&s, 0, 10), None);
+    assert_eq!(registration_result(&s, 1, 11), None);
     // Nobody is connected while the barrier is open.
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
     let b = s
@@ -28,10 +28,7 @@ fn registration_waits_at_barrier_until_all_tasks_registered() {
     ok(&last);
     assert_eq!(last.registered(), Some(SVC_INC));
     for (t, inc) in [(0, 10), (1, 11), (2, 12)] {
-        assert_eq!(
-            s.coordination().registration_result(t, inc),
-            Some(Ok(SVC_INC))
-        );
+        assert_eq!(registration_result(&s, t, inc), Some(Ok(SVC_INC)));
         assert_eq!(s.coordination().task_status(t), Some(TaskStatus::Connected));
         assert_eq!(s.coordination().task(t).unwrap().incarnation, inc);
     }
@@ -84,11 +81,7 @@ fn unknown_task_registration_is_invalid_argument_and_changes_nothing() {
     assert!(e.coordination_payload);
     contains(&e, "Unexpected task registered with task=5");
     assert_eq!(s.coordination().tasks_version(), version);
-    assert_eq!(
-        s.coordination().registration_result(0, 10),
-        None,
-        "still waiting"
-    );
+    assert_eq!(registration_result(&s, 0, 10), None, "still waiting");
     assert!(s.coordination().propagated_error().is_none());
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 2]);
 }
@@ -98,9 +91,7 @@ fn newer_pending_registration_supersedes_older_with_already_exists() {
     let mut s = new_state(2, &Opts::default());
     parked(&apply(&mut s, register(0, 10), 1));
     parked(&apply(&mut s, register(0, 20), 2));
-    let e = s
-        .coordination()
-        .registration_result(0, 10)
+    let e = registration_result(&s, 0, 10)
         .expect("older call answered")
         .unwrap_err();
     code_is(&e, Code::AlreadyExists);
@@ -109,23 +100,13 @@ fn newer_pending_registration_supersedes_older_with_already_exists() {
         &e,
         "Aborted connect attempt as there is a request from a newer incarnation",
     );
-    assert_eq!(
-        s.coordination().registration_result(0, 20),
-        None,
-        "newer one waits"
-    );
+    assert_eq!(registration_result(&s, 0, 20), None, "newer one waits");
     ok(&apply(&mut s, register(1, 11), 3));
-    assert_eq!(
-        s.coordination().registration_result(0, 20),
-        Some(Ok(SVC_INC))
-    );
+    assert_eq!(registration_result(&s, 0, 20), Some(Ok(SVC_INC)));
     assert_eq!(s.coordination().task(0).unwrap().incarnation, 20);
     // The superseded one stays superseded.
     code_is(
-        &s.coordination()
-            .registration_result(0, 10)
-            .unwrap()
-            .unwrap_err(),
+        &registration_result(&s, 0, 10).unwrap().unwrap_err(),
         Code::AlreadyExists,
     );
 }
@@ -135,12 +116,9 @@ fn retried_pending_registration_keeps_waiting() {
     let mut s = new_state(2, &Opts::default());
     parked(&apply(&mut s, register(0, 10), 1));
     parked(&apply(&mut s, register(0, 10), 2));
-    assert_eq!(s.coordination().registration_result(0, 10), None);
+    assert_eq!(registration_result(&s, 0, 10), None);
     ok(&apply(&mut s, register(1, 11), 3));
-    assert_eq!(
-        s.coordination().registration_result(0, 10),
-        Some(Ok(SVC_INC))
-    );
+    assert_eq!(registration_result(&s, 0, 10), Some(Ok(SVC_INC)));
 }
 
 #[test]
@@ -169,7 +147,7 @@ fn different_incarnation_while_connected_aborts_sets_error_and_propagates() {
     assert_eq!(s.coordination().task_status(1), Some(TaskStatus::Error));
     assert_eq!(s.coordination().task(1).unwrap().error.as_ref(), Some(&e));
     // Propagated to the poller with the same code and message.
-    let pe = s.coordination().poll_result(0, p0).expect("poll answered");
+    let pe = poll_result(&s, 0, p0).expect("poll answered");
     assert_eq!(pe, e);
     assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
 }
@@ -187,11 +165,7 @@ fn recoverable_task_reconnects_with_new_incarnation_and_leaves_barriers() {
     assert_eq!(s.coordination().task(1).unwrap().incarnation, 777);
     assert!(s.coordination().tasks_version() > v);
     // The stale barrier call is cancelled, the barrier itself goes on.
-    let e = s
-        .coordination()
-        .barrier_result("b", 0, c1)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "b", 0, c1).unwrap().unwrap_err();
     code_is(&e, Code::Cancelled);
     contains(&e, "Stale barrier invocation is cancelled because:");
     assert_eq!(e.barrier.as_ref().map(|b| b.id.as_str()), Some("b"));
@@ -268,7 +242,7 @@ fn registration_barrier_timeout_sets_every_task_error_and_later_registration_abo
     parked(&apply(&mut s, register(1, 11), 200));
     // Not yet due.
     ok(&apply(&mut s, expire(REGISTER_BARRIER, 0), 1099));
-    assert_eq!(s.coordination().registration_result(0, 10), None);
+    assert_eq!(registration_result(&s, 0, 10), None);
     ok(&apply(&mut s, expire(REGISTER_BARRIER, 0), 1100));
     for t in 0..3 {
         assert_eq!(

@@ -15,7 +15,7 @@ fn shutdown_barrier_waits_for_all_then_disconnects_everyone() {
         .collect();
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     let c1 = parked(&apply(&mut s, shutdown(1), 2100));
-    assert_eq!(s.coordination().shutdown_result(c0), None);
+    assert_eq!(shutdown_result(&s, c0), None);
     assert_eq!(s.coordination().task_status(0), Some(TaskStatus::Connected));
     let id = shutdown_barrier_id(SVC_INC);
     assert_eq!(id, format!("Shutdown::{SVC_INC}"));
@@ -24,11 +24,11 @@ fn shutdown_barrier_waits_for_all_then_disconnects_everyone() {
         2000 + 5_000
     );
     ok(&apply(&mut s, shutdown(2), 2200));
-    assert_eq!(s.coordination().shutdown_result(c0), Some(Ok(())));
-    assert_eq!(s.coordination().shutdown_result(c1), Some(Ok(())));
+    assert_eq!(shutdown_result(&s, c0), Some(Ok(())));
+    assert_eq!(shutdown_result(&s, c1), Some(Ok(())));
     assert_eq!(statuses(&s), vec![TaskStatus::Disconnected; 3]);
     for (t, p) in polls.into_iter().enumerate() {
-        let e = s.coordination().poll_result(t as u32, p).unwrap();
+        let e = poll_result(&s, t as u32, p).unwrap();
         code_is(&e, Code::Cancelled);
         contains(&e, "task has disconnected");
     }
@@ -42,7 +42,7 @@ fn shutdown_barrier_timeout_fails_callers_and_sets_all_tasks_error() {
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     let id = shutdown_barrier_id(SVC_INC);
     ok(&apply(&mut s, expire(&id, 0), 7000));
-    let e = s.coordination().shutdown_result(c0).unwrap().unwrap_err();
+    let e = shutdown_result(&s, c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -52,7 +52,7 @@ fn shutdown_barrier_timeout_fails_callers_and_sets_all_tasks_error() {
     assert!(e.coordination_payload);
     assert_eq!(statuses(&s), vec![TaskStatus::Error; 3]);
     // The straggler's poll is told.
-    let pe = s.coordination().poll_result(2, p2).unwrap();
+    let pe = poll_result(&s, 2, p2).unwrap();
     code_is(&pe, Code::Internal);
     contains(&pe, "Shutdown barrier has failed.");
     // A late ShutdownTask gets the same INTERNAL.
@@ -77,7 +77,7 @@ fn shutdown_barrier_fails_when_a_participant_errors_while_pending() {
     parked(&apply(&mut s, poll(1), 1500));
     let c0 = parked(&apply(&mut s, shutdown(0), 2000));
     ok(&apply(&mut s, unhealthy(&[2]), 3000));
-    let e = s.coordination().shutdown_result(c0).unwrap().unwrap_err();
+    let e = shutdown_result(&s, c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(&e, "Shutdown barrier has failed.");
     contains(&e, "Barrier failed because: task is set to ERROR");
@@ -137,11 +137,7 @@ fn disconnect_fails_ongoing_barriers_of_the_task() {
     let mut s = cluster(3, Opts::no_shutdown_barrier());
     let c0 = parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2000));
     ok(&apply(&mut s, shutdown(2), 2100));
-    let e = s
-        .coordination()
-        .barrier_result("b", 0, c0)
-        .unwrap()
-        .unwrap_err();
+    let e = barrier_result(&s, "b", 0, c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,

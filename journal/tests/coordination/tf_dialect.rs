@@ -55,7 +55,7 @@ fn wait_for_all_tasks_aggregates_device_info_by_job_then_task() {
     let mut s = cluster_jobs(JOBS, Opts::default());
     let c2 = parked(&apply(&mut s, wait_all(2, b"chief0"), 2000));
     let c1 = parked(&apply(&mut s, wait_all(1, b"worker1"), 2000));
-    assert_eq!(s.coordination().wait_for_all_result(c2), None);
+    assert_eq!(wait_for_all_result(&s, c2), None);
     let id = wait_all_barrier_id(SVC_INC);
     assert_eq!(id, format!("WaitForAllTasks::{SVC_INC}"));
     assert_eq!(
@@ -63,8 +63,8 @@ fn wait_for_all_tasks_aggregates_device_info_by_job_then_task() {
         2000 + WAIT_FOR_ALL_TASKS_TIMEOUT_MS
     );
     ok(&apply(&mut s, wait_all(0, b"worker0"), 2100));
-    assert_eq!(s.coordination().wait_for_all_result(c2), Some(Ok(())));
-    assert_eq!(s.coordination().wait_for_all_result(c1), Some(Ok(())));
+    assert_eq!(wait_for_all_result(&s, c2), Some(Ok(())));
+    assert_eq!(wait_for_all_result(&s, c1), Some(Ok(())));
     let infos: Vec<Vec<u8>> = s
         .coordination()
         .cluster_device_info()
@@ -130,11 +130,7 @@ fn wait_for_all_tasks_fails_when_a_task_errors() {
         report(2, Code::Internal, "chief died"),
         2100,
     ));
-    let e = s
-        .coordination()
-        .wait_for_all_result(c0)
-        .unwrap()
-        .unwrap_err();
+    let e = wait_for_all_result(&s, c0).unwrap().unwrap_err();
     code_is(&e, Code::Internal);
     contains(
         &e,
@@ -316,16 +312,13 @@ fn a_task_that_declared_itself_recoverable_reconnects_and_leaves_barriers() {
     // the barrier goes on.
     ok(&apply(&mut s, register_recoverable(0, 777), 2100));
     code_is(
-        &s.coordination()
-            .barrier_result("b", 0, c0)
-            .unwrap()
-            .unwrap_err(),
+        &barrier_result(&s, "b", 0, c0).unwrap().unwrap_err(),
         Code::Cancelled,
     );
-    assert_eq!(s.coordination().barrier_result("b", 0, c1), None);
+    assert_eq!(barrier_result(&s, "b", 0, c1), None);
     parked(&apply(&mut s, arrive("b", 0, 60_000, &[], 0), 2200));
     ok(&apply(&mut s, arrive("b", 0, 60_000, &[], 2), 2300));
-    assert_eq!(s.coordination().barrier_result("b", 0, c1), Some(Ok(0)));
+    assert_eq!(barrier_result(&s, "b", 0, c1), Some(Ok(0)));
     // A task that did not declare itself recoverable still may not.
     err(&apply(&mut s, register(1, 555), 2400), Code::Aborted);
 }
@@ -375,7 +368,7 @@ fn the_shutdown_barrier_waits_only_for_tasks_not_declared_recoverable() {
     );
     let c0 = parked(&apply(&mut s, shutdown(0), 2100));
     ok(&apply(&mut s, shutdown(1), 2200));
-    assert_eq!(s.coordination().shutdown_result(c0), Some(Ok(())));
+    assert_eq!(shutdown_result(&s, c0), Some(Ok(())));
     let id = journal::coordination::shutdown_barrier_id(SVC_INC);
     assert_eq!(
         s.coordination().barrier(&id).unwrap().participants,

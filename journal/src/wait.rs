@@ -1,0 +1,354 @@
+//! Parked calls: what a call that waits on the state waits for ([`Wait`]),
+//! the one way to read its answer ([`crate::State::wait_result`]), and what
+//! can change that answer ([`Object`]), so that a waiter is woken only by
+//! changes of its own objects.
+//!
+//! A call that waits (a registration at the registration barrier, a barrier,
+//! PollForError, GetAliveTasks, WatchTasks, a blocking get, a closure put
+//! into a full queue, a worker's get, a fetch or a join) applies its update
+//! (or reads), then re-reads [`crate::State::wait_result`] each time one of
+//! its [`Wait::objects`] changes, until it answers. Applying an update
+//! reports every object it changed ([`Touched`], see
+//! [`crate::State::apply_traced`]); a change that concerns every waiter (a
+//! job epoch reset, the service configured) is reported as
+//! [`Touched::all`].
+
+use bytes::Bytes;
+
+use crate::coordination::{self, AliveTasks};
+use crate::pb::closures::Assigned;
+use crate::pb::DomainError;
+use crate::State;
+
+/// What a parked call waits for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Wait {
+    /// A RegisterTask of `task` with `incarnation` at the registration
+    /// barrier: answers [`Answer::Incarnation`].
+    Registration {
+        /// The task.
+        task: u32,
+        /// Its incarnation.
+        incarnation: u64,
+    },
+    /// A barrier call (`call` from its outcome) at instance `counter` of
+    /// `id`: answers [`Answer::Counter`].
+    Barrier {
+        /// The barrier id.
+        id: String,
+        /// The instance the call arrived at.
+        counter: i64,
+        /// The call.
+        call: u64,
+    },
+    /// A ShutdownTask at the shutdown barrier: answers [`Answer::Done`].
+    Shutdown {
+        /// The call.
+        call: u64,
+    },
+    /// A WaitForAllTasks at the device barrier: answers [`Answer::Done`].
+    WaitForAll {
+        /// The call.
+        call: u64,
+    },
+    /// A PollForError of `task`: ends only with an error.
+    Poll {
+        /// The polling task.
+        task: u32,
+        /// The poll.
+        call: u64,
+    },
+    /// A GetAliveTasks over `tasks` in round `generation`: answers
+    /// [`Answer::Alive`].
+    AliveTasks {
+        /// The tasks asked about.
+        tasks: Vec<u32>,
+        /// The round.
+        generation: u64,
+    },
+    /// A WatchTasks that knows task-state `version`: answers
+    /// [`Answer::Done`] once the version is another.
+    TaskStates {
+        /// The version the caller knows.
+        version: i64,
+    },
+    /// A blocking get of `key`: answers [`Answer::Value`].
+    Key {
+        /// The key (as the caller wrote it).
+        key: String,
+    },
+    /// A closure put into a full queue: answers [`Answer::Done`] once its
+    /// last closure (`last`) is admitted or cancelled.
+    ClosurePut {
+        /// The queue.
+        queue: String,
+        /// The put's last closure.
+        last: u64,
+    },
+    /// A worker's get (`call` from its outcome): answers
+    /// [`Answer::Assigned`].
+    ClosureGet {
+        /// The queue.
+        queue: String,
+        /// The call.
+        call: u64,
+    },
+    /// A fetch of closures `ids`: answers [`Answer::Done`] once every one
+    /// is settled. `settled` counts those found settled so far (settled
+    /// outcomes never change, so a re-read starts after them).
+    ClosuresSettled {
+        /// The queue.
+        queue: String,
+        /// The closures.
+        ids: Vec<u64>,
+        /// How many of `ids`, from the front, are known settled.
+        settled: usize,
+    },
+    /// A join of `queue`: answers [`Answer::Done`] once a step would
+    /// answer (an error to raise, or nothing left to run).
+    JoinReady {
+        /// The queue.
+        queue: String,
+    },
+}
+
+/// A parked call's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// What it waited for happened.
+    Done,
+    /// The service incarnation (a registration).
+    Incarnation(u64),
+    /// The barrier instance that passed.
+    Counter(i64),
+    /// The rendezvous' alive tasks.
+    Alive(AliveTasks),
+    /// The key's value.
+    Value(Bytes),
+    /// The closure handed to a get, or `None`: nothing will come (its
+    /// deadline passed, or the answer is gone).
+    Assigned(Option<Assigned>),
+}
+
+/// A part of the state a parked call waits on: a change of it may change
+/// the call's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Object {
+    /// A KV key (normalised).
+    Key(String),
+    /// A barrier id (every instance of it).
+    Barrier(String),
+    /// A task's entry.
+    Task(u32),
+    /// The task-state version (WatchTasks).
+    TaskStates,
+    /// A GetAliveTasks round (its key).
+    AliveRound(String),
+    /// A closure queue and its closures.
+    Queue(String),
+}
+
+/// The objects an apply changed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Touched {
+    /// A change that concerns every waiter (a job epoch reset, the service
+    /// configured, a state replaced by a snapshot).
+    pub all: bool,
+    /// The objects changed, in order, possibly repeated.
+    pub objects: Vec<Object>,
+}
+
+impl Touched {
+    /// Everything changed.
+    pub fn everything() -> Self {
+        Touched {
+            all: true,
+            objects: Vec::new(),
+        }
+    }
+
+    /// Forgets what was recorded.
+    pub fn clear(&mut self) {
+        self.all = false;
+        self.objects.clear();
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.objects.is_empty()
+    }
+}
+
+impl Wait {
+    /// What the call that proposed `command` waits for once its update is
+    /// applied with outcome `out`, if anything: a parked registration,
+    /// barrier, shutdown or closure put or get; every PollForError,
+    /// GetAliveTasks and WaitForAllTasks (answered from a state that has
+    /// applied the call). A join (`Done` that waits) and the calls that
+    /// only read build their wait themselves.
+    pub fn after(command: &crate::pb::update::Command, out: &crate::Outcome) -> Option<Wait> {
+        use crate::pb::closures::{command::Command as Q, reply::Reply as QR};
+        use crate::pb::coordination::command::Command as C;
+        use crate::pb::update::Command;
+        if out.is_err() {
+            return None;
+        }
+        let call = out.call_id;
+        match command {
+            Command::Coordination(c) => match c.command.as_ref()? {
+                C::RegisterTask(r) if out.parked => Some(Wait::Registration {
+                    task: r.task,
+                    incarnation: r.incarnation,
+                }),
+                C::BarrierArrive(b) if out.parked => Some(Wait::Barrier {
+                    id: b.id.clone(),
+                    counter: out.barrier_counter()?,
+                    call,
+                }),
+                C::ShutdownTask(_) if out.parked => Some(Wait::Shutdown { call }),
+                C::WaitForAllTasks(_) => Some(Wait::WaitForAll { call }),
+                C::PollForError(p) => Some(Wait::Poll { task: p.task, call }),
+                C::AliveTasks(a) => Some(Wait::AliveTasks {
+                    tasks: a.tasks.clone(),
+                    generation: out.alive_generation()?,
+                }),
+                _ => None,
+            },
+            Command::Closures(c) => match c.command.as_ref()? {
+                Q::Put(p) if out.parked => {
+                    let Some(crate::pb::outcome::Reply::Closures(r)) = &out.reply else {
+                        return None;
+                    };
+                    let Some(QR::ClosureId(first)) = r.reply else {
+                        return None;
+                    };
+                    Some(Wait::ClosurePut {
+                        queue: p.queue.clone(),
+                        last: first + p.more_payloads.len() as u64,
+                    })
+                }
+                Q::Get(g) if out.parked => Some(Wait::ClosureGet {
+                    queue: g.queue.clone(),
+                    call,
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The objects whose changes may change this wait's answer, in the
+    /// state `s` (which names the shutdown and device barriers).
+    pub fn objects(&self, s: &State) -> Vec<Object> {
+        let inc = s.service_incarnation();
+        match self {
+            Wait::Registration { task, .. } => vec![
+                Object::Task(*task),
+                Object::Barrier(coordination::REGISTER_BARRIER.into()),
+            ],
+            Wait::Barrier { id, .. } => vec![Object::Barrier(id.clone())],
+            Wait::Shutdown { .. } => vec![Object::Barrier(coordination::shutdown_barrier_id(inc))],
+            Wait::WaitForAll { .. } => {
+                vec![Object::Barrier(coordination::wait_all_barrier_id(inc))]
+            }
+            Wait::Poll { task, .. } => vec![Object::Task(*task)],
+            Wait::AliveTasks { tasks, .. } => {
+                vec![Object::AliveRound(coordination::alive_round_key(tasks))]
+            }
+            Wait::TaskStates { .. } => vec![Object::TaskStates],
+            Wait::Key { key } => vec![Object::Key(coordination::normalize_key(key))],
+            Wait::ClosurePut { queue, .. }
+            | Wait::ClosureGet { queue, .. }
+            | Wait::ClosuresSettled { queue, .. }
+            | Wait::JoinReady { queue } => vec![Object::Queue(queue.clone())],
+        }
+    }
+
+    /// The label of the kind of call that waits (metrics).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Wait::Registration { .. } => "register",
+            Wait::Barrier { .. } => "barrier",
+            Wait::Shutdown { .. } => "shutdown",
+            Wait::WaitForAll { .. } => "wait_for_all_tasks",
+            Wait::Poll { .. } => "poll_for_error",
+            Wait::AliveTasks { .. } => "alive_tasks",
+            Wait::TaskStates { .. } => "watch_tasks",
+            Wait::Key { .. } => "kv_get",
+            Wait::ClosurePut { .. } => "closure_put",
+            Wait::ClosureGet { .. } => "closure_get",
+            Wait::ClosuresSettled { .. } | Wait::JoinReady { .. } => "closure_fetch",
+        }
+    }
+}
+
+impl State {
+    /// The answer of a parked call waiting for `wait`, or `None` while it
+    /// keeps waiting. A wait that belongs to job `epoch` (a coordination
+    /// call, which named its tasks in that epoch) ends with ABORTED once
+    /// another epoch began. `wait` is `mut` for the progress a fetch keeps
+    /// ([`Wait::ClosuresSettled`]).
+    pub fn wait_result(
+        &self,
+        epoch: Option<u64>,
+        wait: &mut Wait,
+    ) -> Option<Result<Answer, DomainError>> {
+        if epoch.is_some_and(|e| e != self.epoch()) {
+            return Some(Err(crate::errors::epoch_reset()));
+        }
+        let c = self.coordination();
+        let q = self.closures();
+        match wait {
+            Wait::Registration { task, incarnation } => c
+                .registration_result(*task, *incarnation)
+                .map(|r| r.map(Answer::Incarnation)),
+            Wait::Barrier { id, counter, call } => c
+                .barrier_result(id, *counter, *call)
+                .map(|r| r.map(Answer::Counter)),
+            Wait::Shutdown { call } => c.shutdown_result(*call).map(|r| r.map(|()| Answer::Done)),
+            Wait::WaitForAll { call } => c
+                .wait_for_all_result(*call)
+                .map(|r| r.map(|()| Answer::Done)),
+            Wait::Poll { task, call } => c.poll_result(*task, *call).map(Err),
+            Wait::AliveTasks { tasks, generation } => c
+                .alive_result(tasks, *generation)
+                .map(|r| r.map(Answer::Alive)),
+            Wait::TaskStates { version } => {
+                c.watch_tasks_ready(*version).then_some(Ok(Answer::Done))
+            }
+            Wait::Key { key } => c.kv_get(key).map(|v| Ok(Answer::Value(v.clone()))),
+            Wait::ClosurePut { last, .. } => q
+                .closure(*last)
+                .is_none_or(|c| c.state() != crate::closures::ClosureState::Pending)
+                .then_some(Ok(Answer::Done)),
+            Wait::ClosureGet { queue, call } => match q.get_answer(queue, *call) {
+                crate::closures::GetAnswer::Waiting => None,
+                crate::closures::GetAnswer::Gone => Some(Ok(Answer::Assigned(None))),
+                crate::closures::GetAnswer::Assigned(c) => {
+                    Some(Ok(Answer::Assigned(Some(Assigned {
+                        closure_id: c.id,
+                        payload: c.payload.clone(),
+                        attempt: c.attempts,
+                        tag: c.tag.clone(),
+                        lease_expires_ms: c.lease_expires_ms,
+                    }))))
+                }
+            },
+            Wait::ClosuresSettled {
+                queue,
+                ids,
+                settled,
+            } => {
+                while let Some(&id) = ids.get(*settled) {
+                    match q.settled(queue, id) {
+                        Err(e) => return Some(Err(e)),
+                        Ok(None) => return None,
+                        Ok(Some(_)) => *settled += 1,
+                    }
+                }
+                Some(Ok(Answer::Done))
+            }
+            Wait::JoinReady { queue } => q.join_ready(queue).then_some(Ok(Answer::Done)),
+        }
+    }
+}
