@@ -1,9 +1,9 @@
 //! The coordination agent of one task, with the API of TensorFlow's
-//! `CoordinationServiceAgent` (seed 000), on tokio. It speaks the
-//! `tensorflow` dialect plus coordstore's `Agent` service, knows every node of
-//! the cluster and rides through failovers and node restarts: a call that
-//! fails in transport is re-issued at the next node with the same origin, so
-//! it is applied exactly once.
+//! `CoordinationServiceAgent` (`docs/protocols.md`, CoordinationServiceAgent
+//! API), on tokio. It speaks the `tensorflow` dialect plus coordstore's
+//! `Agent` service, knows every node of the cluster and rides through
+//! failovers and node restarts: a call that fails in transport is re-issued
+//! at the next node with the same origin, so it is applied exactly once.
 //!
 //! State machine (as upstream):
 //!
@@ -571,7 +571,8 @@ impl Agent {
             barrier_timeout_in_ms: timeout.as_millis() as i64,
             tasks: tasks.to_vec(),
             source_task: Some(i.task()),
-            // The seed's barrier: no instance counter, a finished id replays.
+            // The seed protocol's barrier (`docs/protocols.md`, Barriers): no
+            // instance counter, a finished id replays.
             counter: 0,
         };
         i.nodes

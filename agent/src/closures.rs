@@ -1,9 +1,10 @@
 //! The durable closure queue from Rust: a [`Coordinator`] schedules closures
 //! (opaque bytes: the caller picks the encoding) and collects their results,
 //! a [`Worker`] runs them. TensorFlow's `ClusterCoordinator` semantics
-//! (seed 004): a closure runs at least once (a worker that dies has its
-//! closures put back when its lease lapses), the first error is raised by
-//! the next `schedule`, `join` or `done` and cancels what was queued. The
+//! (`docs/protocols.md`, ClusterCoordinator closure queue semantics): a
+//! closure runs at least once (a worker that dies has its closures put back
+//! when its lease lapses), the first error is raised by the next
+//! `schedule`, `join` or `done` and cancels what was queued. The
 //! queue lives in the cluster, so a coordinator that dies loses nothing: a
 //! new one [`Coordinator::attach`]es by name, lists what was scheduled under
 //! its tag and fetches every result.

@@ -1,18 +1,21 @@
 //! coordstore-agent: the client side of coordstore.
 //!
 //! * [`Agent`] — the coordination agent of one task, with the API of
-//!   TensorFlow's `CoordinationServiceAgent` (seed 000): connect, wait for all
-//!   tasks with device info, task status, error reporting and an error
-//!   callback fed by the service's error propagation, shutdown, reset, the KV
-//!   store (blocking / timed / async-cancellable gets, try-get, directories,
-//!   insert, update, delete, revisioned watches) and barriers. It knows every
-//!   node, and rides through failovers and node restarts: calls are re-issued
-//!   at the next node with the same exactly-once origin.
-//! * [`preemption::PreemptionSyncManager`] — the preemption sync protocol of
-//!   seed 002 on the agent (same keys and barrier as JAX).
+//!   TensorFlow's `CoordinationServiceAgent` (`docs/protocols.md`,
+//!   CoordinationServiceAgent API): connect, wait for all tasks with device
+//!   info, task status, error reporting and an error callback fed by the
+//!   service's error propagation, shutdown, reset, the KV store (blocking /
+//!   timed / async-cancellable gets, try-get, directories, insert, update,
+//!   delete, revisioned watches) and barriers. It knows every node, and
+//!   rides through failovers and node restarts: calls are re-issued at the
+//!   next node with the same exactly-once origin.
+//! * [`preemption::PreemptionSyncManager`] — the preemption sync protocol
+//!   (`docs/protocols.md`, Preemption sync) on the agent (same keys and
+//!   barrier as JAX).
 //! * [`closures`] — the durable closure queue: a `Coordinator` (schedule,
 //!   join, done, fetch, attach after a coordinator's death) and a `Worker`
-//!   loop, TensorFlow `ClusterCoordinator` semantics (seed 004).
+//!   loop, TensorFlow `ClusterCoordinator` semantics (`docs/protocols.md`,
+//!   ClusterCoordinator closure queue semantics).
 //! * [`relay`] — the local proxy that keeps stock clients' connections alive.
 //!
 //! ```no_run

@@ -1,7 +1,8 @@
-//! The preemption sync manager (seed 002): when any task learns it will be
-//! preempted, every task agrees on one step to stop at — the fastest task's
-//! step counter + 1 — so they all checkpoint the same step. Same keys, barrier
-//! and windows as upstream, so Rust tasks and stock JAX tasks can share a job:
+//! The preemption sync manager (`docs/protocols.md`, Preemption sync): when
+//! any task learns it will be preempted, every task agrees on one step to
+//! stop at — the fastest task's step counter + 1 — so they all checkpoint
+//! the same step. Same keys, barrier and windows as upstream, so Rust tasks
+//! and stock JAX tasks can share a job:
 //!
 //! 1. A task's notifier fires: it inserts `RECEIVED_PREEMPTION_NOTICE` = the
 //!    death time (RFC 3339).

@@ -6,11 +6,12 @@
 //! hands the area's command to [`Area::apply`]. Areas do not call each
 //! other: what one area does that matters to the others is reported as an
 //! effect in [`Context`] (a task lost) or is a shared command (a job epoch
-//! reset), and reaches every area through the hooks below.
+//! reset), and reaches every area through the hooks below. What an apply
+//! changes that a parked call may wait on is reported as [`Object`]s (see
+//! `crate::wait`).
 
 use crate::cluster::Cluster;
 use crate::pb::Outcome;
-use crate::wait::{Object, Touched};
 
 /// What an area sees and may change of the shared state while it applies.
 pub struct Context<'a> {
@@ -122,3 +123,52 @@ macro_rules! area_commands {
     };
 }
 pub(crate) use area_commands;
+
+/// A part of the state a parked call waits on: a change of it may change
+/// the call's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Object {
+    /// A KV key (normalised).
+    Key(String),
+    /// A barrier id (every instance of it).
+    Barrier(String),
+    /// A task's entry.
+    Task(u32),
+    /// The task-state version (WatchTasks).
+    TaskStates,
+    /// A GetAliveTasks round (its key).
+    AliveRound(String),
+    /// A closure queue and its closures.
+    Queue(String),
+}
+
+/// The objects an apply changed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Touched {
+    /// A change that concerns every waiter (a job epoch reset, the service
+    /// configured, a state replaced by a snapshot).
+    pub all: bool,
+    /// The objects changed, in order, possibly repeated.
+    pub objects: Vec<Object>,
+}
+
+impl Touched {
+    /// Everything changed.
+    pub fn everything() -> Self {
+        Touched {
+            all: true,
+            objects: Vec::new(),
+        }
+    }
+
+    /// Forgets what was recorded.
+    pub fn clear(&mut self) {
+        self.all = false;
+        self.objects.clear();
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.objects.is_empty()
+    }
+}

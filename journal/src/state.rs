@@ -6,6 +6,7 @@
 use prost::Message;
 use sha2::{Digest, Sha256};
 
+use crate::area::Touched;
 use crate::area::{Area, Context};
 use crate::closures;
 use crate::cluster::Cluster;
@@ -16,7 +17,6 @@ use crate::pb::{
     outcome, update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome,
     StateData, Update,
 };
-use crate::wait::Touched;
 
 /// Default bound on the number of clients the exactly-once table remembers.
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;

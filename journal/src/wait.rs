@@ -15,6 +15,7 @@
 
 use bytes::Bytes;
 
+pub use crate::area::{Object, Touched};
 use crate::coordination::{self, AliveTasks};
 use crate::pb::closures::Assigned;
 use crate::pb::DomainError;
@@ -128,55 +129,6 @@ pub enum Answer {
     /// The closure handed to a get, or `None`: nothing will come (its
     /// deadline passed, or the answer is gone).
     Assigned(Option<Assigned>),
-}
-
-/// A part of the state a parked call waits on: a change of it may change
-/// the call's answer.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Object {
-    /// A KV key (normalised).
-    Key(String),
-    /// A barrier id (every instance of it).
-    Barrier(String),
-    /// A task's entry.
-    Task(u32),
-    /// The task-state version (WatchTasks).
-    TaskStates,
-    /// A GetAliveTasks round (its key).
-    AliveRound(String),
-    /// A closure queue and its closures.
-    Queue(String),
-}
-
-/// The objects an apply changed.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Touched {
-    /// A change that concerns every waiter (a job epoch reset, the service
-    /// configured, a state replaced by a snapshot).
-    pub all: bool,
-    /// The objects changed, in order, possibly repeated.
-    pub objects: Vec<Object>,
-}
-
-impl Touched {
-    /// Everything changed.
-    pub fn everything() -> Self {
-        Touched {
-            all: true,
-            objects: Vec::new(),
-        }
-    }
-
-    /// Forgets what was recorded.
-    pub fn clear(&mut self) {
-        self.all = false;
-        self.objects.clear();
-    }
-
-    /// Whether nothing was recorded.
-    pub fn is_empty(&self) -> bool {
-        !self.all && self.objects.is_empty()
-    }
 }
 
 impl Wait {

@@ -1,9 +1,11 @@
 //! The wire protocols coordstore speaks, generated at build time.
 //!
 //! * [`xla`] — `xla.coordination.CoordinationService`, the API stock jaxlib
-//!   0.12 dials (`reference/coordination_service_jaxlib_0_12.proto`).
-//! * [`tf`] — `tensorflow.CoordinationService`, the TensorFlow-era API of
-//!   seed 003, with device-info messages carried as opaque bytes.
+//!   0.12 dials (`proto/xla_coordination.proto`; `docs/protocols.md`,
+//!   xla.coordination (jaxlib 0.12)).
+//! * [`tf`] — `tensorflow.CoordinationService`, the TensorFlow-era API (the
+//!   seed protocol of `docs/protocols.md`), with device-info messages
+//!   carried as opaque bytes.
 //! * [`tfdata`] — `tensorflow.data.DispatcherService`, the tf.data service
 //!   dispatcher TensorFlow 2.21 workers and clients dial.
 //! * [`coordstore`] — coordstore's own API: Raft peer RPCs and the node API.

@@ -1,4 +1,5 @@
-"""The coordination agent of one task (seed 000's API), over the Rust agent.
+"""The coordination agent of one task (TensorFlow's CoordinationServiceAgent
+API, see ``docs/protocols.md``), over the Rust agent.
 
 Blocking calls release the GIL; each has an ``*_async`` twin for asyncio
 that runs it in a worker thread. The agent knows every node: a call whose
@@ -185,10 +186,11 @@ class Agent:
 
 
 class PreemptionSyncManager:
-    """Preemption sync (seed 002) with JAX's keys and barrier, so Python
-    tasks and stock JAX tasks can share one job: when any task learns it
-    will be preempted, all agree on one step to stop at (the fastest task's
-    step + 1), and :meth:`reached_sync_point` is True at that step.
+    """Preemption sync (``docs/protocols.md``, Preemption sync) with JAX's
+    keys and barrier, so Python tasks and stock JAX tasks can share one job:
+    when any task learns it will be preempted, all agree on one step to stop
+    at (the fastest task's step + 1), and :meth:`reached_sync_point` is True
+    at that step.
 
     ``notifier``: ``"sigterm"`` (a SIGTERM to this process announces the
     preemption) or ``"manual"`` (call :meth:`notify`). The agent must be

@@ -1,4 +1,5 @@
-"""A durable ``ClusterCoordinator``: TensorFlow's semantics (seed 004) over
+"""A durable ``ClusterCoordinator``: TensorFlow's semantics
+(``docs/protocols.md``, ClusterCoordinator closure queue semantics) over
 coordstore's replicated closure queue, so the coordinator, any worker and
 the Raft leader can each die without losing a closure or a result.
 

@@ -99,7 +99,8 @@ fn timeout(s: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
-/// The coordination agent of one task (seed 000).
+/// The coordination agent of one task (`docs/protocols.md`,
+/// CoordinationServiceAgent API).
 #[pyclass(module = "coordstore._native", frozen)]
 struct Agent {
     inner: agent::Agent,
@@ -307,7 +308,8 @@ impl Watch {
     }
 }
 
-/// Preemption sync (seed 002) with JAX's keys and barrier.
+/// Preemption sync (`docs/protocols.md`, Preemption sync) with JAX's keys
+/// and barrier.
 #[pyclass(module = "coordstore._native", frozen)]
 struct PreemptionSyncManager {
     inner: Mutex<Option<preemption::PreemptionSyncManager>>,

@@ -16,8 +16,9 @@ pub struct RaftSettings {
     /// Build a snapshot after this many entries since the last one.
     pub snapshot_every_entries: u64,
     /// Also build one once this many bytes of log payload were applied since
-    /// the last (0 = by entries only). The log lives in sled until a
-    /// snapshot lets it be purged, and sled keeps it in memory.
+    /// the last (0 = by entries only). The log stays in its segment files
+    /// (`wal/`) until a snapshot lets it be purged, and a restart replays
+    /// all of it after the snapshot.
     pub snapshot_log_bytes: u64,
     /// Entries kept in the log behind a snapshot (for lagging followers).
     pub keep_entries_behind_snapshot: u64,

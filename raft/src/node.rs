@@ -45,7 +45,8 @@ pub struct NodeConfig {
     pub node_id: NodeId,
     /// The address peers and clients reach this node at (host:port).
     pub address: String,
-    /// The sled data dir.
+    /// The data dir: the Raft log's segment files (`wal/`), the sled
+    /// metadata database, the snapshot file and the committed marker.
     pub data_dir: PathBuf,
     /// Name of the cluster; a data dir of another cluster is refused.
     pub cluster_id: String,

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-/// jemalloc, not glibc's malloc: a node frees its log's buffers (sled pages,
-/// decoded entries) in between the values it keeps, and glibc does not hand
+/// jemalloc, not glibc's malloc: a node frees buffers (decoded log entries,
+/// sled pages) in between the values it keeps, and glibc does not hand
 /// the holes back. `coordstore-bench --peers coordstore1 memory` (100k × 1 KiB
 /// keys), this build otherwise unchanged: 183–192 MiB RSS with glibc,
 /// 142–149 MiB with jemalloc configured as below.
@@ -22,9 +22,9 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 pub static malloc_conf: &[u8; 86] =
     b"narenas:1,tcache_max:1024,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
-use service::config::{ServeConfig, ServeOptions};
-use service::ctl::CtlCommand;
-use service::logs::{LogFormat, NodeLines};
+use service::cli::config::{ServeConfig, ServeOptions};
+use service::cli::ctl::CtlCommand;
+use service::ops::logs::{LogFormat, NodeLines};
 
 #[derive(Parser)]
 #[command(
@@ -198,7 +198,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match rt.block_on(service::ctl::run(&endpoint, tls, command)) {
+            match rt.block_on(service::cli::ctl::run(&endpoint, tls, command)) {
                 Ok(out) => print_out("ctl", &out),
                 Err(e) => {
                     eprintln!("coordstore ctl: {e}");
@@ -233,7 +233,7 @@ fn restore(
     cluster: &str,
     cluster_id: String,
 ) -> Result<String, String> {
-    let members = service::config::parse_cluster(cluster)?;
+    let members = service::cli::config::parse_cluster(cluster)?;
     let backup = storage::backup::Backup::read(file)?;
     let identity = storage::Identity {
         cluster_id,
@@ -253,14 +253,14 @@ fn restore(
 }
 
 async fn serve(cfg: ServeConfig) -> ExitCode {
-    let node = match service::server::start(cfg.clone()).await {
+    let node = match service::node::start(cfg.clone()).await {
         Ok(n) => n,
         Err(e) => {
             eprintln!("coordstore serve: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let role = service::server::settle(node.router.node(), Duration::from_secs(5)).await;
+    let role = service::node::settle(node.core.node(), Duration::from_secs(5)).await;
     tracing::info!(
         "coordstore node {} serving on {} as {} (cluster '{}', {} voting members, data dir {})",
         cfg.node_id,

@@ -15,7 +15,7 @@ fn histogram(name: &str, help: &str, first: f64, count: usize) -> Histogram {
     .expect("valid histogram")
 }
 
-/// Duration of each log flush (sled flush + fdatasync): one per group of
+/// Duration of each log flush (the segment files' fdatasync): one per group of
 /// appends.
 pub static FLUSH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(

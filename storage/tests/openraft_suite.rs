@@ -1,4 +1,5 @@
-//! openraft's own storage test suite against the sled store on a temp dir.
+//! openraft's own storage test suite against the node's store (log segment
+//! files, sled metadata, snapshot file) on a temp dir.
 
 use openraft::testing::log::{StoreBuilder, Suite};
 use storage::{Identity, LogStore, StateMachine, StorageError, TypeConfig};

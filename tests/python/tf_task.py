@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One stock TensorFlow 2.21 task whose coordination service leader is an
-external server (coordstore), as reference coordination-service.md §8
-describes: the service is listed in the ClusterSpec as its own job
+external server (coordstore), as `docs/protocols.md` describes (section
+tensorflow.CoordinationService (TF 2.21 and the seed protocol)): the
+service is listed in the ClusterSpec as its own job
 (`coordinator`, or `ps` for MultiWorkerMirroredStrategy), and the task is a
 pure agent of it.
 

@@ -1,5 +1,6 @@
-//! The `tensorflow.CoordinationService` dialect (seed 003) from a tonic client
-//! generated from the seed proto, against a real node: named jobs,
+//! The `tensorflow.CoordinationService` dialect (the seed protocol of
+//! `docs/protocols.md`) from a tonic client generated from
+//! `proto/proto/tf_coordination.proto`, against a real node: named jobs,
 //! WaitForAllTasks device aggregation, barriers without counters, errors and
 //! ResetTask.
 

@@ -1,6 +1,6 @@
 //! `tensorflow.data.DispatcherService` from a tonic client against real
-//! nodes: the exact codes TF 2.21's callers react to (reference
-//! tf-data-dispatcher.md §7), DYNAMIC jobs refused for a source coordstore
+//! nodes: the exact codes TF 2.21's callers react to (`docs/protocols.md`,
+//! Errors that end a pipeline), DYNAMIC jobs refused for a source coordstore
 //! cannot split, TaskDefs for workers with static sharding,
 //! and UNAVAILABLE, never NOT_FOUND, while no leader is known.
 

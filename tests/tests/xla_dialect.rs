@@ -1,5 +1,6 @@
 //! The `xla.coordination` dialect over real gRPC against real `coordstore`
-//! processes, driven by a tonic client generated from the reference proto:
+//! processes, driven by a tonic client generated from jaxlib 0.12's proto
+//! (`proto/proto/xla_coordination.proto`):
 //! codes, messages and payload trailers; bad input; leader failover while
 //! calls wait on a follower.
 

@@ -1,5 +1,6 @@
 //! The closure-queue area: TensorFlow's `_CoordinatedClosureQueue`
-//! (seeds/004, the queue behind `ClusterCoordinator`) replicated, so the
+//! (the queue behind `ClusterCoordinator`; `docs/protocols.md`,
+//! ClusterCoordinator closure queue semantics) replicated, so the
 //! coordinator, a worker or the Raft leader can die without losing a closure
 //! or a result. Its own command ([`pb::closures::Command`]), reply, state
 //! ([`Data`]) and errors ([`errors`]).
@@ -35,11 +36,11 @@ pub use crate::pb::closures::{
     Answer, Closure, ClosureError, ClosureState, Data, GetWaiter, Queue, QueueConfig,
 };
 
+use crate::area::Object;
 use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::pb::closures::{command::Command, reply, Assigned, Reply};
 use crate::pb::{self, outcome, Code, DomainError, Outcome};
-use crate::wait::Object;
 
 /// Default bound on queued closures (upstream's `_CLOSURE_QUEUE_MAX_SIZE`).
 pub const DEFAULT_MAX_QUEUED: u64 = 256 * 1024;
@@ -131,7 +132,37 @@ pub struct Reader<'a> {
     pub(crate) data: &'a Data,
 }
 
+/// What an operator counts of one queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The queue.
+    pub name: String,
+    /// Closures waiting for room in the queue.
+    pub pending: u64,
+    /// Closures queued for a worker.
+    pub queued: u64,
+    /// Closures in flight.
+    pub running: u64,
+    /// Records kept (every state).
+    pub records: u64,
+}
+
 impl<'a> Reader<'a> {
+    /// Counts of every queue, by name.
+    pub fn stats(&self) -> Vec<QueueStats> {
+        self.data
+            .queues
+            .values()
+            .map(|q| QueueStats {
+                name: q.name.clone(),
+                pending: q.pending.len() as u64,
+                queued: q.queued.len() as u64,
+                running: q.running.len() as u64,
+                records: q.closures,
+            })
+            .collect()
+    }
+
     /// A queue by name.
     pub fn queue(&self, name: &str) -> Option<&'a Queue> {
         self.data.queues.get(name)

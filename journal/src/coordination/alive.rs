@@ -1,11 +1,12 @@
-//! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
+//! GetAliveTasks rendezvous and WatchTasks versions (`docs/protocols.md`,
+//! GetAliveTasks and WatchTasks).
 
 use super::barrier::sorted_set;
 use super::errors::{self, UnknownTaskIn};
 use super::{Reader, Writer};
+use crate::area::Object;
 use crate::pb::coordination::{AliveResult, AliveRound, TaskStatus};
 use crate::pb::{DomainError, Outcome};
-use crate::wait::Object;
 
 /// Completed rounds remembered per task set, for late readers.
 const ALIVE_RESULTS_KEPT: usize = 8;

@@ -1,13 +1,13 @@
-//! Barriers (reference §3.8): instances identified by (id, counter), the
-//! participant checks, first-caller deadlines, cancel, replay of a finished
-//! result, failure when a participant errors or disconnects, and the special
-//! registration, shutdown and WaitForAllTasks barriers.
+//! Barriers (`docs/protocols.md`, Barriers): instances identified by (id,
+//! counter), the participant checks, first-caller deadlines, cancel, replay
+//! of a finished result, failure when a participant errors or disconnects,
+//! and the special registration, shutdown and WaitForAllTasks barriers.
 
 use super::errors::{self, UnknownTaskIn};
 use super::{Reader, Writer};
+use crate::area::Object;
 use crate::pb::coordination::{BarrierArrive, BarrierEntry, BarrierStatus, TaskStatus};
 use crate::pb::{DomainError, Outcome};
-use crate::wait::Object;
 
 /// The registration barrier every RegisterTask joins (counter 0, all tasks).
 pub const REGISTER_BARRIER: &str = "[Init]Wait_for_all_tasks_to_register";
@@ -139,10 +139,10 @@ impl Writer<'_, '_> {
     /// becomes the instance it joined or opened).
     ///
     /// The order of the checks is XLA's (`BarrierAsyncLocked`, see
-    /// `docs/protocols.md`), one step each: (1) select the instance, opening
-    /// a new one if the rules say so, or fail on a counter mismatch;
-    /// (2) validate the arguments, against a finished instance too, and
-    /// replay a finished instance's result; (3) record the arrival.
+    /// `docs/protocols.md`, Barriers), one step each: (1) select the
+    /// instance, opening a new one if the rules say so, or fail on a counter
+    /// mismatch; (2) validate the arguments, against a finished instance
+    /// too, and replay a finished instance's result; (3) record the arrival.
     pub(crate) fn arrive(&mut self, a: &Arrival<'_>, at: u64) -> Outcome {
         self.cx.touch(|| Object::Barrier(a.id.to_string()));
         let step = self

@@ -1,8 +1,9 @@
 //! Every domain error of the coordination area, with its code and message in
-//! one place. Codes follow the reference notes (measured against jaxlib 0.12);
-//! message texts are the upstream coordination service's (openxla/xla
-//! `coordination_service.cc`), so clients print what they would print against
-//! the reference. A task appears in messages by its *label*: the bare task id
+//! one place. Codes follow `docs/protocols.md` (measured against jaxlib 0.12;
+//! see its Error table); message texts are the upstream coordination
+//! service's (openxla/xla `coordination_service.cc`), so clients print what
+//! they would print against the reference service. A task appears in
+//! messages by its *label*: the bare task id
 //! in a jaxlib-style cluster (one job, `jax_worker`), the TensorFlow name
 //! `/job:NAME/replica:0/task:ID` otherwise.
 
@@ -204,7 +205,8 @@ pub(crate) fn shutdown_barrier_failed(barrier_error: &DomainError) -> DomainErro
 // -------------------------------------------------------------------- kv ----
 
 pub(crate) fn key_exists(normalized_key: &str) -> DomainError {
-    // The reference answers ALREADY_EXISTS without any payload.
+    // The reference service answers ALREADY_EXISTS without any payload
+    // (`docs/protocols.md`, Key-value store).
     bare(
         Code::AlreadyExists,
         format!("key {normalized_key} already exists."),

@@ -1,5 +1,6 @@
-//! Key normalisation of the KV store (reference §3.7): runs of `/` collapse and
-//! leading and trailing `/` are dropped, so `///a//b/` and `a/b` are one key.
+//! Key normalisation of the KV store (`docs/protocols.md`, Key-value store):
+//! runs of `/` collapse and leading and trailing `/` are dropped, so
+//! `///a//b/` and `a/b` are one key.
 
 /// Returns the normalised form of `key`.
 pub fn normalize_key(key: &str) -> String {

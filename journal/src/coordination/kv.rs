@@ -1,15 +1,15 @@
-//! The key-value store (reference §3.7): normalised keys, allow_overwrite,
-//! increment of decimal values, directory listing and recursive delete. Every
-//! change bumps the store revision (for watches).
+//! The key-value store (`docs/protocols.md`, Key-value store): normalised
+//! keys, allow_overwrite, increment of decimal values, directory listing and
+//! recursive delete. Every change bumps the store revision (for watches).
 
 use bytes::Bytes;
 
 use super::errors;
 use super::keys::{dir_prefix, normalize_key};
 use super::{Reader, Writer};
+use crate::area::Object;
 use crate::pb::coordination::{KvEvent, KvInsert, KvRecord};
 use crate::pb::Outcome;
-use crate::wait::Object;
 
 /// Default bound of the watch history in bytes.
 pub const DEFAULT_WATCH_HISTORY_BYTES: u64 = 16 << 20;

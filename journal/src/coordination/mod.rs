@@ -22,11 +22,11 @@ pub use keys::normalize_key;
 pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
 pub use tasks::{HeartbeatCheck, WAIT_FOR_ALL_TASKS_TIMEOUT_MS};
 
+use crate::area::Object;
 use crate::area::{Area, Context};
 use crate::cluster::Cluster;
 use crate::pb::coordination::{command::Command, reply::Reply, TaskEntry};
 use crate::pb::{self, outcome, DomainError, Outcome};
-use crate::wait::Object;
 use errors::UnknownTaskIn;
 
 /// The coordination area, read-only: its state and the shared view.
@@ -101,7 +101,44 @@ impl Data {
     }
 }
 
+/// What an operator counts of the coordination area.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Tasks by status: disconnected, connected, in error.
+    pub tasks: [u64; 3],
+    /// Barrier ids whose newest instance is pending.
+    pub barriers_pending: u64,
+    /// KV keys.
+    pub keys: u64,
+    /// Bytes of KV keys and values.
+    pub kv_bytes: u64,
+}
+
 impl<'a> Reader<'a> {
+    /// Counts for operators (O(tasks + keys + barriers)).
+    pub fn stats(&self) -> Stats {
+        let mut tasks = [0u64; 3];
+        for t in &self.data.tasks {
+            tasks[(t.status() as usize).min(2)] += 1;
+        }
+        Stats {
+            tasks,
+            barriers_pending: self
+                .data
+                .barriers
+                .values()
+                .filter(|b| b.status() == crate::pb::coordination::BarrierStatus::Pending)
+                .count() as u64,
+            keys: self.data.kv.len() as u64,
+            kv_bytes: self
+                .data
+                .kv
+                .iter()
+                .map(|(k, r)| (k.len() + r.value.len()) as u64)
+                .sum(),
+        }
+    }
+
     /// The stored entry of a task.
     pub fn task(&self, index: u32) -> Option<&'a TaskEntry> {
         self.data.tasks.get(index as usize)

@@ -1,4 +1,5 @@
-//! Task lifecycle (reference §3.2–3.6): registration and incarnations,
+//! Task lifecycle (`docs/protocols.md`: Registration and incarnations,
+//! Heartbeats, Error propagation, Shutdown): registration and incarnations,
 //! heartbeats, error reporting and propagation, PollForError, shutdown, reset
 //! and the TensorFlow dialect's WaitForAllTasks.
 
@@ -202,12 +203,12 @@ impl Writer<'_, '_> {
         }
     }
 
-    /// Error propagation (§3.4): skipped in recoverable mode and when every
-    /// source task is recoverable. Delivered once to every pending
-    /// PollForError and remembered for later polls. Then, with
-    /// `notify_tasks` (TensorFlow's service), every other CONNECTED task gets
-    /// a notice and stays CONNECTED; without it (XLA's), if nobody ever
-    /// polled every task is set to ERROR.
+    /// Error propagation (`docs/protocols.md`, Error propagation): skipped in
+    /// recoverable mode and when every source task is recoverable. Delivered
+    /// once to every pending PollForError and remembered for later polls.
+    /// Then, with `notify_tasks` (TensorFlow's service), every other
+    /// CONNECTED task gets a notice and stays CONNECTED; without it (XLA's),
+    /// if nobody ever polled every task is set to ERROR.
     pub(crate) fn propagate_error(&mut self, e: DomainError, sources: &[u32], at: u64) {
         if self.cl.recoverable() {
             return;

@@ -1,6 +1,7 @@
 //! The tf.data dispatcher area: what TF's `DispatcherState` keeps —
 //! datasets, workers, jobs, iterations and their clients, tasks — replicated
-//! instead of journaled by one process (reference tf-data-dispatcher.md §1).
+//! instead of journaled by one process (`docs/protocols.md`, Dispatcher state
+//! and journal).
 //! Its own command ([`pb::dispatcher::Command`]), reply, state ([`Data`])
 //! and errors ([`errors`]).
 //!

@@ -1,4 +1,5 @@
-//! GetAliveTasks rendezvous and WatchTasks versions (reference §3.9).
+//! GetAliveTasks rendezvous and WatchTasks versions (`docs/protocols.md`,
+//! GetAliveTasks and WatchTasks).
 
 use crate::common::*;
 use journal::{

@@ -1,4 +1,4 @@
-//! Barriers (reference §3.8).
+//! Barriers (`docs/protocols.md`, Barriers).
 
 use crate::common::*;
 use journal::pb::coordination::BarrierStatus;
@@ -410,7 +410,7 @@ fn recoverable_restarted_task_rejoins_current_instance_with_counter_zero() {
     assert_eq!(barrier_result(&s, "b", 1, c0), Some(Ok(1)));
 }
 
-// ---- XLA's order of checks (reference §3.8; issue #19) ----------------------
+// ---- XLA's order of checks (`docs/protocols.md`, Barriers; issue #19) -------
 
 #[test]
 fn conflicting_list_against_a_finished_instance_fails_it() {

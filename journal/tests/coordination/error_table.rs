@@ -1,5 +1,5 @@
-//! One test per row of the error-code table (reference §3.10), named after
-//! the RPC and the code.
+//! One test per row of the error-code table (`docs/protocols.md`, Error
+//! table), named after the RPC and the code.
 
 use crate::common::*;
 use journal::{
@@ -62,7 +62,8 @@ fn register_task_deadline_exceeded_registration_barrier_timeout() {
     ok(&apply(&mut s, expire(REGISTER_BARRIER, 0), 600));
     // The waiting RegisterTask gets the barrier's DEADLINE_EXCEEDED
     // (+BarrierError{[Init]Wait_for_all_tasks_to_register, 0}) even though the
-    // failure also set every task to ERROR (reference §3.2 / §3.10).
+    // failure also set every task to ERROR (`docs/protocols.md`, Registration
+    // and incarnations / Error table).
     let e = registration_result(&s, 0, 10)
         .expect("answered")
         .unwrap_err();

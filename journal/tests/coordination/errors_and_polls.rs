@@ -1,4 +1,5 @@
-//! Error reporting, propagation and PollForError (reference §3.4).
+//! Error reporting, propagation and PollForError (`docs/protocols.md`, Error
+//! propagation).
 
 use crate::common::*;
 use journal::pb::coordination::BarrierStatus;

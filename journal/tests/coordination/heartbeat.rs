@@ -1,4 +1,4 @@
-//! Heartbeats and heartbeat-timeout marking (reference §3.3).
+//! Heartbeats and heartbeat-timeout marking (`docs/protocols.md`, Heartbeats).
 
 use crate::common::*;
 use journal::{

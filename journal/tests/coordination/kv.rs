@@ -1,4 +1,4 @@
-//! The key-value store (reference §3.7).
+//! The key-value store (`docs/protocols.md`, Key-value store).
 
 use crate::common::*;
 use journal::coordination::{errors, normalize_key};

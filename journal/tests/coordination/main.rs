@@ -1,7 +1,7 @@
 //! The coordination area's semantics, one file per part as in
 //! `journal/src/coordination/`: registration, heartbeats, KV, barriers,
 //! GetAliveTasks and WatchTasks, shutdown, errors and polls, the error table
-//! against the reference, and the TensorFlow dialect's rules.
+//! of `docs/protocols.md`, and the TensorFlow dialect's rules.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -1,4 +1,5 @@
-//! RegisterTask and incarnations (reference §3.2).
+//! RegisterTask and incarnations (`docs/protocols.md`, Registration and
+//! incarnations).
 
 use crate::common::*;
 use journal::{

@@ -1,4 +1,4 @@
-//! ShutdownTask and the shutdown barrier (reference §3.6).
+//! ShutdownTask and the shutdown barrier (`docs/protocols.md`, Shutdown).
 
 use crate::common::*;
 use journal::pb::coordination::BarrierStatus;

@@ -196,7 +196,9 @@ fn task_status_reports_each_state() {
     );
 }
 
-// ---- TensorFlow 2.21's service semantics (reference §8; issue #19) ---------
+// ---- TensorFlow 2.21's service semantics (issue #19) -----------------------
+// (`docs/protocols.md`, tensorflow.CoordinationService (TF 2.21 and the seed
+// protocol), and Error propagation)
 
 #[test]
 fn notified_tasks_stay_connected_and_learn_the_error_from_their_heartbeat() {

@@ -8,7 +8,7 @@ use journal::pb::closures::ExpireLeases;
 use journal::Update;
 
 use super::{Duty, DutyFuture};
-use crate::leader::{now_ms, LocalLeader};
+use crate::core::{now_ms, LocalLeader};
 
 /// Puts back closures whose lease lapsed.
 #[derive(Default)]

@@ -7,7 +7,7 @@ use journal::pb::{update::Command, ClusterConfig, InitService};
 use journal::Update;
 
 use super::{Duty, DutyFuture};
-use crate::leader::LocalLeader;
+use crate::core::LocalLeader;
 
 /// Proposes `InitService` with this node's configuration while the state is
 /// not configured.

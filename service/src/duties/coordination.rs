@@ -15,7 +15,7 @@ use journal::{coordination::HeartbeatCheck, DomainError, Update};
 
 use super::push::ErrorPusher;
 use super::{Duty, DutyFuture};
-use crate::leader::{now_ms, LocalLeader, Retry};
+use crate::core::{now_ms, LocalLeader, Retry};
 
 /// Liveness bookkeeping of the leader, and its error pushes.
 #[derive(Default)]

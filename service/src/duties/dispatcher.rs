@@ -16,8 +16,35 @@ use journal::pb::dispatcher::{GarbageCollectIteration, ReleaseIterationClient};
 use journal::Update;
 
 use super::{Duty, DutyFuture};
-use crate::config::TfDataConfig;
-use crate::leader::{now_ms, LocalLeader};
+
+use crate::core::{now_ms, LocalLeader};
+
+/// The tf.data dispatcher's settings (the same on every node).
+#[derive(Clone, Debug)]
+pub struct TfDataConfig {
+    /// What GetVersion answers.
+    pub version: i64,
+    /// Release a client unheard of for this long.
+    pub client_timeout_ms: u64,
+    /// Collect an iteration without clients for this long (0: never).
+    pub gc_timeout_ms: u64,
+    /// Log a worker unheard of for this long as lost.
+    pub worker_timeout_ms: u64,
+    /// Static sharding's workers, by index.
+    pub worker_addresses: Vec<String>,
+}
+
+impl Default for TfDataConfig {
+    fn default() -> Self {
+        TfDataConfig {
+            version: 9,
+            client_timeout_ms: 300_000,
+            gc_timeout_ms: 300_000,
+            worker_timeout_ms: 600_000,
+            worker_addresses: Vec::new(),
+        }
+    }
+}
 
 /// How often the timeouts are checked (upstream: every 10 minutes).
 const CHECK_EVERY: Duration = Duration::from_secs(1);

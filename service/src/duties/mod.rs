@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use journal::Update;
 
-use crate::leader::LocalLeader;
+use crate::core::LocalLeader;
 use raft::WatchReceiver;
 
 /// Timer granularity of the leader runtime.

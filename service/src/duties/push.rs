@@ -4,8 +4,8 @@
 //! TensorFlow's own service knows every task's address (the ClusterSpec) and
 //! sends each CONNECTED task `ReportErrorToTask` as soon as an error is
 //! propagated; the task's agent enters ERROR at once and the service keeps
-//! the healthy task CONNECTED (reference coordination-service.md §8). Here the
-//! journal records which tasks an error was propagated to (each task's
+//! the healthy task CONNECTED (`docs/protocols.md`, Error propagation). Here
+//! the journal records which tasks an error was propagated to (each task's
 //! `notice`, with `notify_tasks`); the leader pushes every notice it has not
 //! pushed in its term, with a deadline per attempt and a few retries. A new
 //! leader pushes the notices still standing again: an agent already in ERROR

@@ -1,25 +1,30 @@
-//! The tf.data dispatcher area's calls, run on the leader (the adapter,
-//! `dialect::tfdata`, forwards a whole call from a follower). Each call reads
-//! the replicated state or proposes one update, stamped with an origin the
-//! adapter drew once per call so its retries are exactly-once, and builds
-//! TF's answer (TaskDefs carry the dataset definition inline, so workers need
-//! no shared file system). A NOT_FOUND, which ends a TF client's input
-//! pipeline, is only ever answered after a read barrier: a new leader that has
-//! not applied everything yet does not deny what exists.
+//! The tf.data dispatcher area's calls. Each runs on the leader: a follower
+//! forwards the whole call there ([`Dispatcher::on_leader`], through the
+//! core's router), with an origin drawn once per call so its retries are
+//! exactly-once. A call reads the replicated state or proposes one update,
+//! and builds TF's answer (TaskDefs carry the dataset definition inline, so
+//! workers need no shared file system). A NOT_FOUND, which ends a TF
+//! client's input pipeline, is only ever answered after a read barrier: a
+//! new leader that has not applied everything yet does not deny what
+//! exists.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod tfgraph;
+
+use std::future::Future;
+
 use journal::pb::dispatcher as cmd;
-use journal::pb::Origin;
 use journal::{DomainError, Outcome, State, Update};
+use proto::tfdata::dispatcher_service_client::DispatcherServiceClient;
 use proto::tfdata::{self as wire, task_def};
+use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::config::TfDataConfig;
+use crate::cli::config::TfDataConfig;
+use crate::core::{Call, Core, Retry};
 use crate::duties::dispatcher::DispatcherDuty;
-use crate::leader::Retry;
-use crate::router::Router;
 
 /// What a call on the leader gives: the answer (or the error the client
 /// gets), or [`Retry`] when this node could not serve it as the leader.
@@ -40,24 +45,69 @@ pub fn status(e: &DomainError) -> Status {
 
 /// The dispatcher's calls.
 pub struct Dispatcher {
-    router: Arc<Router>,
+    core: Arc<Core>,
     duty: Arc<DispatcherDuty>,
     config: TfDataConfig,
 }
 
 impl Dispatcher {
-    /// Calls through `router`, with the leader's `duty` and `config`.
-    pub fn new(router: Arc<Router>, duty: Arc<DispatcherDuty>, config: TfDataConfig) -> Self {
-        Dispatcher {
-            router,
-            duty,
-            config,
-        }
+    /// Calls through `core`, with the leader's `duty` and `config`.
+    pub fn new(core: Arc<Core>, duty: Arc<DispatcherDuty>, config: TfDataConfig) -> Self {
+        Dispatcher { core, duty, config }
     }
 
-    /// The router.
-    pub fn router(&self) -> &Arc<Router> {
-        &self.router
+    /// Runs one call on the leader: `local` here when this node leads, or
+    /// the whole call forwarded to the leader's dispatcher by `remote`,
+    /// across leader changes (the core's router). A call that may change
+    /// state (`exactly_once`) carries one origin in every attempt: the
+    /// caller's (a relay's), or one drawn here once. While no leader is
+    /// known a call gets UNAVAILABLE (which TF retries), never NOT_FOUND or
+    /// FAILED_PRECONDITION (which end an input pipeline).
+    pub async fn on_leader<Req, Resp, L, LF, R, RF>(
+        self: &Arc<Self>,
+        c: &Call,
+        exactly_once: bool,
+        r: Req,
+        local: L,
+        remote: R,
+    ) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        L: Fn(Arc<Dispatcher>, Call, Req) -> LF,
+        LF: Future<Output = OnLeader<Resp>>,
+        R: Fn(DispatcherServiceClient<Channel>, tonic::Request<Req>) -> RF,
+        RF: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let router = self.core.router();
+        let (call, _lane) = if exactly_once {
+            c.with_origin(router.lanes())
+        } else {
+            (c.clone(), None)
+        };
+        let max = router.max_message_bytes();
+        let started = std::time::Instant::now();
+        let answer = router
+            .on_leader(
+                &call,
+                || local(self.clone(), call.clone(), r.clone()),
+                |ch| {
+                    let client = DispatcherServiceClient::new(ch)
+                        .max_decoding_message_size(max)
+                        .max_encoding_message_size(max);
+                    let sent = remote(client, call.forward(r.clone()));
+                    async move { sent.await.map(|resp| Ok(resp.into_inner())) }
+                },
+            )
+            .await
+            .and_then(|a| a);
+        tracing::debug!(
+            call = std::any::type_name::<Req>().rsplit("::").next().unwrap_or_default(),
+            forwarded = call.forwarded(),
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            code = ?answer.as_ref().err().map(|s| s.code()),
+            "tf.data call"
+        );
+        answer
     }
 
     /// The version GetVersion answers.
@@ -66,22 +116,30 @@ impl Dispatcher {
     }
 
     fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        self.router.node().state().read(f)
+        self.core.read(&Call::local(), f)
     }
 
-    /// Proposes `update` with `origin` on this node (the leader).
-    async fn propose(
-        &self,
-        origin: Option<Origin>,
-        update: impl Into<Update>,
-    ) -> OnLeader<Outcome> {
+    /// Proposes `update` for call `c` on this node (the leader).
+    async fn propose(&self, c: &Call, update: impl Into<Update>) -> OnLeader<Outcome> {
         let mut u = update.into();
-        u.origin = origin;
-        let applied = self.router.leader().propose(&u).await?;
+        u.origin = c.origin();
+        let applied = self.core.router().leader().propose(&u).await?;
         Ok(match applied.outcome.error {
             Some(e) => Err(status(&e)),
             None => Ok(applied.outcome),
         })
+    }
+
+    /// `f` of dataset `id`, or NOT_FOUND (confirmed on an up-to-date state).
+    async fn dataset<T>(
+        &self,
+        id: &str,
+        f: impl Fn(&journal::dispatcher::Dataset) -> T,
+    ) -> Result<Result<T, Status>, Retry> {
+        let found = self
+            .read_confirmed(|s| s.dispatcher().dataset(id).map(&f))
+            .await?;
+        Ok(found.ok_or_else(|| Status::not_found(format!("Dataset id {id} not found"))))
     }
 
     /// Reads `f` from the state; when it finds nothing, confirms on an
@@ -90,7 +148,7 @@ impl Dispatcher {
         if let Some(v) = self.read(&f) {
             return Ok(Some(v));
         }
-        self.router.leader().read_barrier().await?;
+        self.core.router().leader().read_barrier().await?;
         Ok(self.read(f))
     }
 
@@ -100,7 +158,7 @@ impl Dispatcher {
     /// answers the tasks it should start and those it should drop.
     pub async fn worker_heartbeat(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::WorkerHeartbeatRequest,
     ) -> OnLeader<wire::WorkerHeartbeatResponse> {
         if !self.config.worker_addresses.is_empty()
@@ -119,7 +177,7 @@ impl Dispatcher {
             uid: r.worker_uid,
         };
         if self.read(|s| s.dispatcher().worker_heartbeat_changes(&hb)) {
-            if let Err(e) = self.propose(origin, hb).await? {
+            if let Err(e) = self.propose(c, hb).await? {
                 return Ok(Err(e));
             }
         }
@@ -149,7 +207,7 @@ impl Dispatcher {
     /// WorkerUpdate: completed tasks finish; unknown ids are ignored.
     pub async fn worker_update(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::WorkerUpdateRequest,
     ) -> OnLeader<wire::WorkerUpdateResponse> {
         let task_ids: Vec<i64> = r
@@ -159,7 +217,7 @@ impl Dispatcher {
             .map(|u| u.task_id)
             .collect();
         if !task_ids.is_empty() {
-            if let Err(e) = self.propose(origin, cmd::FinishTasks { task_ids }).await? {
+            if let Err(e) = self.propose(c, cmd::FinishTasks { task_ids }).await? {
                 return Ok(Err(e));
             }
         }
@@ -167,8 +225,12 @@ impl Dispatcher {
     }
 
     /// GetWorkers.
-    pub fn get_workers(&self) -> wire::GetWorkersResponse {
-        self.read(|s| wire::GetWorkersResponse {
+    pub async fn get_workers(
+        &self,
+        _: &Call,
+        _: wire::GetWorkersRequest,
+    ) -> OnLeader<wire::GetWorkersResponse> {
+        Ok(Ok(self.read(|s| wire::GetWorkersResponse {
             workers: s
                 .dispatcher()
                 .workers()
@@ -176,7 +238,7 @@ impl Dispatcher {
                     address: w.address.clone(),
                 })
                 .collect(),
-        })
+        })))
     }
 
     /// The index of a worker in the static worker list (`%port%` matches
@@ -228,22 +290,13 @@ impl Dispatcher {
     /// GetDatasetDef (a worker's fallback when a TaskDef has no dataset).
     pub async fn get_dataset_def(
         &self,
+        _: &Call,
         r: wire::GetDatasetDefRequest,
     ) -> OnLeader<wire::GetDatasetDefResponse> {
         let def = self
-            .read_confirmed(|s| {
-                s.dispatcher()
-                    .dataset(&r.dataset_id)
-                    .map(|d| d.definition.clone())
-            })
+            .dataset(&r.dataset_id, |d| d.definition.clone())
             .await?;
-        Ok(match def {
-            Some(dataset_def) => Ok(wire::GetDatasetDefResponse { dataset_def }),
-            None => Err(Status::not_found(format!(
-                "Dataset id {} not found",
-                r.dataset_id
-            ))),
-        })
+        Ok(def.map(|dataset_def| wire::GetDatasetDefResponse { dataset_def }))
     }
 
     // ----------------------------------------------------------- datasets ----
@@ -251,7 +304,7 @@ impl Dispatcher {
     /// GetOrRegisterDataset.
     pub async fn get_or_register_dataset(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::GetOrRegisterDatasetRequest,
     ) -> OnLeader<wire::GetOrRegisterDatasetResponse> {
         let compression =
@@ -261,14 +314,14 @@ impl Dispatcher {
         let requested_id = r.optional_dataset_id.map(|o| match o {
             wire::get_or_register_dataset_request::OptionalDatasetId::DatasetId(id) => id,
         });
-        let c = cmd::RegisterDataset {
+        let command = cmd::RegisterDataset {
             definition: r.dataset,
             metadata: r.metadata,
             compression,
             requested_id,
         };
         Ok(self
-            .propose(origin, c)
+            .propose(c, command)
             .await?
             .map(|out| wire::GetOrRegisterDatasetResponse {
                 dataset_id: out.dataset_id().unwrap_or_default().to_string(),
@@ -278,36 +331,25 @@ impl Dispatcher {
     /// GetDataServiceMetadata.
     pub async fn get_data_service_metadata(
         &self,
+        _: &Call,
         r: wire::GetDataServiceMetadataRequest,
     ) -> OnLeader<wire::GetDataServiceMetadataResponse> {
-        let meta = self
-            .read_confirmed(|s| {
-                s.dispatcher()
-                    .dataset(&r.dataset_id)
-                    .map(|d| d.metadata.clone())
-            })
-            .await?;
-        Ok(match meta {
-            Some(metadata) => Ok(wire::GetDataServiceMetadataResponse { metadata }),
-            None => Err(Status::not_found(format!(
-                "Dataset id {} not found",
-                r.dataset_id
-            ))),
-        })
+        let meta = self.dataset(&r.dataset_id, |d| d.metadata.clone()).await?;
+        Ok(meta.map(|metadata| wire::GetDataServiceMetadataResponse { metadata }))
     }
 
     /// DisableCompressionAtRuntime: the first decision wins.
-    pub async fn disable_compression(
+    pub async fn disable_compression_at_runtime(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::DisableCompressionAtRuntimeRequest,
     ) -> OnLeader<wire::DisableCompressionAtRuntimeResponse> {
         use wire::disable_compression_at_runtime_response::Decision;
-        let c = cmd::DisableCompression {
+        let command = cmd::DisableCompression {
             dataset_id: r.dataset_id,
             disable: r.disable_compression_at_runtime,
         };
-        Ok(self.propose(origin, c).await?.map(|out| {
+        Ok(self.propose(c, command).await?.map(|out| {
             let decision = match out.compression_decision().flatten() {
                 Some(disabled) => Decision::CompressionDisabledAtRuntime(disabled),
                 None => Decision::NoCompressionToDisable(true),
@@ -323,10 +365,10 @@ impl Dispatcher {
     /// GetOrCreateJob (an anonymous job's name gets a suffix the leader draws).
     pub async fn get_or_create_job(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::GetOrCreateJobRequest,
     ) -> OnLeader<wire::GetOrCreateJobResponse> {
-        let c = cmd::GetOrCreateJob {
+        let command = cmd::GetOrCreateJob {
             dataset_id: r.dataset_id,
             sharding_policy: r.processing_mode_def.map_or(0, |m| m.sharding_policy),
             job_name: r.optional_job_name.map(|o| match o {
@@ -342,33 +384,27 @@ impl Dispatcher {
         };
         // A named job that exists is answered from the state: its
         // parameters never change, so no proposal is needed.
-        if let Some(existing) = self.read(|s| s.dispatcher().existing_job(&c)) {
+        if let Some(existing) = self.read(|s| s.dispatcher().existing_job(&command)) {
             return Ok(existing
                 .map(|job_id| wire::GetOrCreateJobResponse { job_id })
                 .map_err(|e| status(&e)));
         }
-        let mut c = c;
-        if c.sharding_policy == journal::dispatcher::SHARDING_DYNAMIC {
-            let def = self
-                .read_confirmed(|s| {
-                    s.dispatcher()
-                        .dataset(&c.dataset_id)
-                        .map(|d| d.definition.clone())
-                })
-                .await?;
-            let Some(def) = def else {
-                return Ok(Err(Status::not_found(format!(
-                    "Dataset id {} not found",
-                    c.dataset_id
-                ))));
+        let mut command = command;
+        if command.sharding_policy == journal::dispatcher::SHARDING_DYNAMIC {
+            let def = match self
+                .dataset(&command.dataset_id, |d| d.definition.clone())
+                .await?
+            {
+                Ok(def) => def,
+                Err(e) => return Ok(Err(e)),
             };
-            match crate::tfgraph::split_source(&def) {
-                Ok(source) => c.split_source = Some(source),
+            match tfgraph::split_source(&def) {
+                Ok(source) => command.split_source = Some(source),
                 Err(why) => return Ok(Err(Status::unimplemented(why))),
             }
         }
         Ok(self
-            .propose(origin, c)
+            .propose(c, command)
             .await?
             .map(|out| wire::GetOrCreateJobResponse {
                 job_id: out.job_id().unwrap_or_default(),
@@ -380,14 +416,14 @@ impl Dispatcher {
     /// them on their next heartbeat.
     pub async fn get_or_create_iteration(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::GetOrCreateIterationRequest,
     ) -> OnLeader<wire::GetOrCreateIterationResponse> {
-        let c = cmd::GetOrCreateIteration {
+        let command = cmd::GetOrCreateIteration {
             job_id: r.job_id,
             repetition: r.repetition,
         };
-        let out = match self.propose(origin, c).await? {
+        let out = match self.propose(c, command).await? {
             Ok(out) => out,
             Err(e) => return Ok(Err(e)),
         };
@@ -421,14 +457,14 @@ impl Dispatcher {
     /// ReleaseIterationClient.
     pub async fn release_iteration_client(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::ReleaseIterationClientRequest,
     ) -> OnLeader<wire::ReleaseIterationClientResponse> {
-        let c = cmd::ReleaseIterationClient {
+        let command = cmd::ReleaseIterationClient {
             iteration_client_id: r.iteration_client_id,
         };
         Ok(self
-            .propose(origin, c)
+            .propose(c, command)
             .await?
             .map(|_| wire::ReleaseIterationClientResponse {}))
     }
@@ -437,15 +473,15 @@ impl Dispatcher {
     /// is answered, so no split is handed out twice, also across leaders.
     pub async fn get_split(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::GetSplitRequest,
     ) -> OnLeader<wire::GetSplitResponse> {
-        let c = cmd::ProduceSplit {
+        let command = cmd::ProduceSplit {
             iteration_id: r.iteration_id,
             repetition: r.repetition,
             provider_index: r.split_provider_index,
         };
-        Ok(self.propose(origin, c).await?.map(|out| {
+        Ok(self.propose(c, command).await?.map(|out| {
             let split = out.split().unwrap_or(cmd::Split {
                 value: 0,
                 end_of_splits: true,
@@ -454,7 +490,7 @@ impl Dispatcher {
                 split: if split.end_of_splits {
                     Default::default()
                 } else {
-                    crate::tfgraph::split_tensor(split.value).into()
+                    tfgraph::split_tensor(split.value).into()
                 },
                 end_of_splits: split.end_of_splits,
             }
@@ -466,7 +502,7 @@ impl Dispatcher {
     /// TaskRemover), the task is removed and every asker hears `removed`.
     pub async fn maybe_remove_task(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::MaybeRemoveTaskRequest,
     ) -> OnLeader<wire::MaybeRemoveTaskResponse> {
         let found = self.read(|s| {
@@ -490,7 +526,7 @@ impl Dispatcher {
                 {
                     crate::duties::dispatcher::Quorum::Reached => {
                         match self
-                            .propose(origin, cmd::RemoveTask { task_id: r.task_id })
+                            .propose(c, cmd::RemoveTask { task_id: r.task_id })
                             .await?
                         {
                             Ok(_) => {
@@ -511,7 +547,7 @@ impl Dispatcher {
     /// ClientHeartbeat: the iteration's tasks and whether it finished.
     pub async fn client_heartbeat(
         &self,
-        origin: Option<Origin>,
+        c: &Call,
         r: wire::ClientHeartbeatRequest,
     ) -> OnLeader<wire::ClientHeartbeatResponse> {
         let client = r.iteration_client_id;
@@ -524,7 +560,7 @@ impl Dispatcher {
         });
         if pending {
             use wire::client_heartbeat_request::{OptionalBlockedRound, OptionalCurrentRound};
-            let c = cmd::ClientHeartbeat {
+            let command = cmd::ClientHeartbeat {
                 iteration_client_id: client,
                 current_round: r
                     .optional_current_round
@@ -533,7 +569,7 @@ impl Dispatcher {
                     .optional_blocked_round
                     .map(|OptionalBlockedRound::BlockedRound(x)| x),
             };
-            if let Err(e) = self.propose(origin, c).await? {
+            if let Err(e) = self.propose(c, command).await? {
                 return Ok(Err(e));
             }
         }

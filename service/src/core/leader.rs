@@ -2,7 +2,7 @@
 //! nothing about other nodes. It stamps an update with the leader's time,
 //! proposes it through the local write batcher, and confirms a read index.
 //! Forwarding, origins and retries across leader changes are the
-//! [`crate::router`]'s; the leader runtime's duties ([`crate::duties`]) use
+//! [`super::router`]'s; the leader runtime's duties (`crate::duties`) use
 //! this part directly, since a duty only ever runs on the leader.
 
 use std::sync::Arc;

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use journal::pb::{ClusterConfig, JobSpec};
+
+pub use crate::duties::dispatcher::TfDataConfig;
 use serde::Deserialize;
 
 /// The documented default client and peer port.
@@ -25,7 +27,7 @@ pub struct ServeOptions {
     /// Address peers and forwarded calls reach this node at [default: --listen]
     #[arg(long)]
     pub advertise: Option<String>,
-    /// The sled data dir [default: ./coordstore-data]
+    /// The data dir: log segments (wal/), sled metadata, snapshot [default: ./coordstore-data]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Every voting member: ID=HOST:PORT,ID=HOST:PORT,... [default: this node alone]
@@ -201,33 +203,6 @@ pub struct ServeOptions {
     pub config: Option<PathBuf>,
 }
 
-/// The tf.data dispatcher's settings (the same on every node).
-#[derive(Clone, Debug)]
-pub struct TfDataConfig {
-    /// What GetVersion answers.
-    pub version: i64,
-    /// Release a client unheard of for this long.
-    pub client_timeout_ms: u64,
-    /// Collect an iteration without clients for this long (0: never).
-    pub gc_timeout_ms: u64,
-    /// Log a worker unheard of for this long as lost.
-    pub worker_timeout_ms: u64,
-    /// Static sharding's workers, by index.
-    pub worker_addresses: Vec<String>,
-}
-
-impl Default for TfDataConfig {
-    fn default() -> Self {
-        TfDataConfig {
-            version: 9,
-            client_timeout_ms: 300_000,
-            gc_timeout_ms: 300_000,
-            worker_timeout_ms: 600_000,
-            worker_addresses: Vec::new(),
-        }
-    }
-}
-
 /// The resolved configuration of one node.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -265,7 +240,7 @@ pub struct ServeConfig {
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
     pub metrics_listen: Option<String>,
     /// How log lines look.
-    pub log_format: crate::logs::LogFormat,
+    pub log_format: crate::ops::logs::LogFormat,
     /// Proposals slower than this are logged.
     pub slow_request_ms: u64,
     /// The cluster's peer token, from --peer-token-file.
@@ -588,7 +563,7 @@ impl ServeOptions {
             tf_addresses,
             max_parked_calls: self
                 .max_parked_calls
-                .unwrap_or(crate::wake::DEFAULT_MAX_PARKED_CALLS),
+                .unwrap_or(crate::core::park::DEFAULT_MAX_PARKED_CALLS),
             peer_token,
             tfdata,
             metrics_listen: self.metrics_listen,

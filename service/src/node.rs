@@ -1,7 +1,7 @@
-//! Starting a node: bind, open storage, start Raft, serve every gRPC service
-//! on one port (peer links on a second one with --peer-listen, each port
-//! with its own TLS), bootstrap the static cluster, and run the leader
-//! runtime.
+//! Starting a node: bind, open storage, start Raft, assemble the core, the
+//! areas and their wire services, serve every gRPC service on one port
+//! (peer links on a second one with --peer-listen, each port with its own
+//! TLS), bootstrap the static cluster, and run the leader runtime.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,26 +11,24 @@ use raft::{NodeConfig, RaftNode, Role, WatchReceiver};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::agent_api::AgentApi;
-use crate::closures::ClosureApi;
-use crate::config::ServeConfig;
-use crate::coordination::Coordination;
-use crate::dialect::{tf::TfService, tfdata::TfDataService, xla::XlaService};
-use crate::dispatcher::Dispatcher;
+use crate::areas::{closures::Closures, coordination::Coordination, dispatcher::Dispatcher};
+use crate::cli::config::ServeConfig;
+use crate::core::{Core, LocalLeader, Parking, Router};
 use crate::duties::{
     closures::ClosuresDuty, cluster::ClusterDuty, coordination::CoordinationDuty,
     dispatcher::DispatcherDuty, LeaderRuntime,
 };
-use crate::leader::LocalLeader;
-use crate::node_api::NodeApi;
-use crate::ops::{self, GrpcMetricsLayer, Metrics};
-use crate::router::Router;
-use crate::wake::Waits;
+use crate::ops::http;
+use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
+use crate::wire::{
+    agent::AgentApi, closures::ClosureApi, node::NodeApi, tf::TfService, tfdata::TfDataService,
+    xla::XlaService,
+};
 
 /// A running node.
 pub struct RunningNode {
-    /// The router (tests and the binary use it).
-    pub router: Arc<Router>,
+    /// The core (tests and the binary use it).
+    pub core: Arc<Core>,
     /// The bound address.
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -98,7 +96,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         peer_tls: cfg.peer_tls.as_ref().map(|t| t.client.clone()),
     })
     .await?;
-    crate::logs::set_node(node.clone());
+    crate::ops::logs::set_node(node.clone());
     let leader = LocalLeader::new(node.clone());
     let coordination_duty = Arc::new(CoordinationDuty::new(cfg.tf_addresses.clone()));
     let dispatcher_duty = Arc::new(DispatcherDuty::new(cfg.tfdata.clone()));
@@ -108,27 +106,29 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         dispatcher_duty.clone(),
         Arc::new(ClosuresDuty),
     ]));
-    let waits = Arc::new(Waits::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls));
-    let metrics = Arc::new(Metrics::new());
-    let router = Arc::new(
-        Router::new(
-            leader.clone(),
-            coordination_duty,
-            waits.clone(),
-            Duration::from_millis(cfg.leader_wait_ms),
-            cfg.max_message_bytes,
-        )
-        .with_metrics(metrics.clone())
-        .with_slow_request(Duration::from_millis(cfg.slow_request_ms)),
-    );
+    let parking = Parking::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls);
+    let router = Router::new(
+        leader.clone(),
+        Duration::from_millis(cfg.leader_wait_ms),
+        cfg.max_message_bytes,
+    )
+    .with_slow_request(Duration::from_millis(cfg.slow_request_ms));
+    let core = Arc::new(Core::new(
+        router,
+        parking,
+        Duration::from_millis(cfg.leader_wait_ms),
+    ));
+    let metrics = Arc::new(Metrics::new(&core));
     let metrics_listener = bind_optional(&cfg.metrics_listen).await?;
 
+    let coordination = Coordination::new(core.clone(), coordination_duty);
     let dispatcher = Arc::new(Dispatcher::new(
-        router.clone(),
+        core.clone(),
         dispatcher_duty,
         cfg.tfdata.clone(),
     ));
-    let coord = Coordination::new(router.clone(), Duration::from_millis(cfg.leader_wait_ms));
+    let closures = Closures::new(core.clone());
+    let max = cfg.max_message_bytes;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (health_reporter, health) = tonic_health::server::health_reporter();
     let mut builder = tonic::transport::Server::builder()
@@ -152,7 +152,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             let peers = builder
                 .layer(GrpcMetricsLayer(metrics.clone()))
                 .add_service(node.peer_service())
-                .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes));
+                .add_service(NodeApi::server(coordination.clone(), max));
             let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
             Some(tokio::spawn(async move {
                 if let Err(e) = peers.serve_with_incoming(incoming).await {
@@ -165,12 +165,12 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .layer(GrpcMetricsLayer(metrics.clone()))
         .add_service(health)
         .add_optional_service(peer_server.is_none().then(|| node.peer_service()))
-        .add_service(NodeApi::server(router.clone(), cfg.max_message_bytes))
-        .add_service(XlaService::server(coord.clone(), cfg.max_message_bytes))
-        .add_service(TfService::server(coord.clone(), cfg.max_message_bytes))
-        .add_service(TfDataService::server(dispatcher, cfg.max_message_bytes))
-        .add_service(ClosureApi::server(router.clone(), cfg.max_message_bytes))
-        .add_service(AgentApi::server(coord, cfg.max_message_bytes));
+        .add_service(NodeApi::server(coordination.clone(), max))
+        .add_service(XlaService::server(coordination.clone(), max))
+        .add_service(TfService::server(coordination.clone(), max))
+        .add_service(TfDataService::server(dispatcher, max))
+        .add_service(ClosureApi::server(closures, max))
+        .add_service(AgentApi::server(coordination, max));
     // Nagle off on accepted connections (tonic's own setting only covers the
     // listeners it binds itself): small replies must not wait for ACKs.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -185,19 +185,19 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     }
     let mut tasks = vec![
         tokio::spawn(duties.run(leader)),
-        tokio::spawn(ops::report_health(router.clone(), health_reporter)),
+        tokio::spawn(http::report_health(core.clone(), health_reporter)),
     ];
     tasks.extend(peer_server);
     if let Some(l) = metrics_listener {
-        let (router, metrics) = (router.clone(), metrics.clone());
+        let (core, metrics) = (core.clone(), metrics.clone());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = ops::serve_http(l, router, metrics, std::future::pending()).await {
+            if let Err(e) = http::serve_http(l, core, metrics, std::future::pending()).await {
                 tracing::error!("metrics and health endpoints: {e}");
             }
         }));
     }
     Ok(RunningNode {
-        router,
+        core,
         addr,
         stop: Some(stop_tx),
         server,
@@ -214,7 +214,7 @@ impl RunningNode {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        self.router.node().shutdown().await;
+        self.core.node().shutdown().await;
         let _ = (&mut self.server).await;
     }
 }

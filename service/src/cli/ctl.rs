@@ -381,7 +381,7 @@ pub async fn run(
                 reply.snapshot.to_vec(),
                 reply.last_applied,
                 &cluster_id,
-                crate::leader::now_ms(),
+                crate::core::now_ms(),
             )
             .map_err(anyhow::Error::msg)?;
             b.write(&file)

@@ -1,12 +1,7 @@
-//! What an operator scrapes and probes: Prometheus metrics (`/metrics`),
-//! liveness (`/healthz`) and readiness (`/readyz`) over HTTP on
-//! `--metrics-listen`, and the standard gRPC health service
-//! (`grpc.health.v1.Health`) on the node port.
-//!
-//! The exposition is Prometheus' text format 0.0.4 (the `prometheus`
-//! crate), which `promtool check metrics` lints. Counters and histograms
-//! are recorded where things happen (each gRPC call
-//! by the [`GrpcMetricsLayer`] around every service, each proposal in the
+//! Prometheus metrics. The exposition is Prometheus' text format 0.0.4 (the
+//! `prometheus` crate), which `promtool check metrics` lints. Counters and
+//! histograms are recorded where things happen (each gRPC call by the
+//! [`GrpcMetricsLayer`] around every service, each proposal in the core's
 //! router); gauges are read from the node at scrape time.
 
 use std::future::Future;
@@ -17,14 +12,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::router::Router;
-
-/// How long a readiness check waits for the leader's read index.
-pub const READY_WAIT: Duration = Duration::from_secs(1);
+use crate::core::Core;
 
 /// The exposition's content type (Prometheus text format 0.0.4).
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
@@ -40,10 +32,6 @@ pub struct Metrics {
     registry: Registry,
     grpc_calls: IntCounterVec,
     grpc_seconds: HistogramVec,
-    /// Proposals this node made (its own and forwarded ones).
-    pub proposals: IntCounter,
-    /// Proposal → applied outcome, seconds.
-    pub proposal_seconds: Histogram,
     leader_changes: IntCounter,
     last_leader: AtomicU64,
     term: IntGauge,
@@ -65,15 +53,10 @@ pub struct Metrics {
     rss_bytes: IntGauge,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
-    /// A registry with every metric, values zero.
-    pub fn new() -> Metrics {
+    /// A registry with every metric, values zero; the core's proposals
+    /// among them.
+    pub fn new(core: &Core) -> Metrics {
         let registry =
             Registry::new_custom(Some("coordstore".into()), None).expect("a valid prefix");
         fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> M {
@@ -111,15 +94,6 @@ impl Metrics {
                     ),
                     &["method"],
                 )
-                .expect("valid histogram"),
-            ),
-            proposals: counter("raft_proposals_total", "Updates proposed through this node"),
-            proposal_seconds: reg(
-                &registry,
-                Histogram::with_opts(latency_opts(
-                    "raft_proposal_seconds",
-                    "Proposal to applied outcome, through this node",
-                ))
                 .expect("valid histogram"),
             ),
             leader_changes: counter(
@@ -188,8 +162,12 @@ impl Metrics {
             ),
             registry,
         };
-        for c in storage::metrics::collectors()
+        let proposals = core.router().metrics().clone();
+        let core_metrics: Vec<Box<dyn prometheus::core::Collector>> =
+            vec![Box::new(proposals.proposals), Box::new(proposals.seconds)];
+        for c in core_metrics
             .into_iter()
+            .chain(storage::metrics::collectors())
             .chain(raft::metrics::collectors())
         {
             m.registry.register(c).expect("unique metric names");
@@ -214,8 +192,8 @@ impl Metrics {
     }
 
     /// Reads the gauges off the node and renders the text exposition.
-    pub fn render(&self, router: &Router) -> String {
-        let node = router.node();
+    pub fn render(&self, core: &Core) -> String {
+        let node = core.node();
         let m = node.metrics();
         let leader = m.current_leader.unwrap_or(0);
         if self.last_leader.swap(leader, Ordering::Relaxed) != leader && leader != 0 {
@@ -230,38 +208,27 @@ impl Metrics {
             .set(m.last_applied.map_or(0, |l| l.index) as i64);
         self.snapshot_index
             .set(m.snapshot.map_or(0, |l| l.index) as i64);
-        for (kind, n) in router.waits().parked_by_kind() {
-            self.parked_calls
-                .with_label_values(&[kind.as_str()])
-                .set(n as i64);
+        for (kind, n) in core.parking().parked_by_kind() {
+            self.parked_calls.with_label_values(&[kind]).set(n as i64);
         }
         node.state().read(|s| {
-            let c = s.coordination();
-            let mut by_state = [0i64; 3];
-            for i in 0..s.task_count() {
-                if let Some(st) = c.task_status(i) {
-                    by_state[st as usize % 3] += 1;
-                }
-            }
+            let c = s.coordination().stats();
             for (i, name) in ["disconnected", "connected", "error"].iter().enumerate() {
-                self.tasks.with_label_values(&[*name]).set(by_state[i]);
+                self.tasks
+                    .with_label_values(&[*name])
+                    .set(c.tasks[i] as i64);
             }
-            self.barriers_pending
-                .set(c.barriers().filter(|(_, b)| b.status == 0).count() as i64);
-            self.kv_keys.set(c.kv_len() as i64);
-            self.kv_bytes.set(
-                c.kv_all()
-                    .map(|(k, r)| (k.len() + r.value.len()) as i64)
-                    .sum(),
-            );
+            self.barriers_pending.set(c.barriers_pending as i64);
+            self.kv_keys.set(c.keys as i64);
+            self.kv_bytes.set(c.kv_bytes as i64);
             self.sessions.set(s.session_count() as i64);
             self.outcomes.set(s.outcomes_held() as i64);
-            for q in s.closures().queues() {
+            for q in s.closures().stats() {
                 for (state, n) in [
-                    ("pending", q.pending.len() as u64),
-                    ("queued", q.queued.len() as u64),
-                    ("running", q.running.len() as u64),
-                    ("records", q.closures),
+                    ("pending", q.pending),
+                    ("queued", q.queued),
+                    ("running", q.running),
+                    ("records", q.records),
                 ] {
                     self.closures
                         .with_label_values(&[q.name.as_str(), state])
@@ -374,77 +341,5 @@ where
             metrics.record_call(&method, code, t0.elapsed());
             r
         })
-    }
-}
-
-/// Whether this node is ready: it knows a leader and has applied the
-/// leader's commit index as of now (a ReadIndex round), within
-/// [`READY_WAIT`]. `Err` says why not.
-pub async fn ready(router: &Router) -> Result<u64, String> {
-    match tokio::time::timeout(READY_WAIT, router.linearizable()).await {
-        Ok(Ok(())) => Ok(router.waits().applied_index()),
-        Ok(Err(s)) => Err(s.message().to_string()),
-        Err(_) => Err(format!(
-            "no read index from a leader within {} ms",
-            READY_WAIT.as_millis()
-        )),
-    }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    router: Arc<Router>,
-    metrics: Arc<Metrics>,
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::http::{header, StatusCode};
-    use axum::routing::get;
-
-    let r1 = router.clone();
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let (router, metrics) = (r1.clone(), metrics.clone());
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, CONTENT_TYPE)],
-                        metrics.render(&router),
-                    )
-                }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let router = router.clone();
-                async move {
-                    match ready(&router).await {
-                        Ok(index) => (StatusCode::OK, format!("ready: applied {index}\n")),
-                        Err(why) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("not ready: {why}\n"),
-                        ),
-                    }
-                }
-            }),
-        );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-}
-
-/// Keeps the gRPC health service's overall status ("") at SERVING while
-/// [`ready`] holds, NOT_SERVING otherwise; checked every second.
-pub async fn report_health(router: Arc<Router>, reporter: tonic_health::server::HealthReporter) {
-    loop {
-        let status = match ready(&router).await {
-            Ok(_) => tonic_health::ServingStatus::Serving,
-            Err(_) => tonic_health::ServingStatus::NotServing,
-        };
-        reporter.set_service_status("", status).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -1,0 +1,500 @@
+//! The parked-call engine: every call that waits on the applied state — a
+//! registration, a barrier, a poll, a blocking get, a closure get or fetch,
+//! a watch — waits here, and is woken only by a change of one of the
+//! objects its answer depends on (its key, barrier, task, queue: see
+//! `journal::wait`), as etcd's watchable store wakes the watchers of a key.
+//!
+//! The state machine tells [`Wakers`] what each run of applies touched
+//! (`storage::ApplyObserver`), where it applies them, with no task in
+//! between; the wakers wake the waiters of exactly those objects (and of
+//! the directories above a key, for watches). What concerns everyone — a
+//! job epoch reset, a snapshot installed, the node stopping — wakes
+//! everyone. A woken waiter re-reads its answer (`State::wait_result`).
+//! Waits are counted, in all and by kind, and bounded.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use journal::{Answer, DomainError, Object, State, Touched, Wait};
+use raft::RaftNode;
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tonic::Status;
+
+/// Default bound on the client calls parked on one node.
+pub const DEFAULT_MAX_PARKED_CALLS: u64 = 100_000;
+
+/// The kinds of parked calls (`journal::Wait::kind`), in label order: the
+/// `kind` label of the parked-calls metric.
+pub const KINDS: [&str; 11] = [
+    "register",
+    "wait_for_all_tasks",
+    "alive_tasks",
+    "barrier",
+    "shutdown",
+    "poll_for_error",
+    "watch_tasks",
+    "kv_get",
+    "closure_put",
+    "closure_get",
+    "closure_fetch",
+];
+
+fn kind_index(kind: &str) -> usize {
+    KINDS.iter().position(|k| *k == kind).unwrap_or_default()
+}
+
+/// A parked wait's answer: `None` when its deadline passed first.
+pub type Parked = Option<Result<Answer, DomainError>>;
+
+/// The calls parked on this node's applied state: how they wait, and how
+/// many there are (in all and by kind).
+pub struct Parking {
+    node: Arc<RaftNode>,
+    parked: AtomicU64,
+    by_kind: [AtomicU64; KINDS.len()],
+    max_parked: u64,
+    wakers: Arc<Wakers>,
+}
+
+impl Parking {
+    /// The parked calls of `node`: their wakers follow the state's changes
+    /// from now on (one engine per node).
+    pub fn new(node: Arc<RaftNode>) -> Self {
+        let wakers = Arc::new(Wakers::default());
+        if !node.state().observe(wakers.clone()) {
+            tracing::error!(
+                "the node's state already has an observer: parked calls would not wake"
+            );
+        }
+        Parking {
+            node,
+            parked: AtomicU64::new(0),
+            by_kind: Default::default(),
+            max_parked: DEFAULT_MAX_PARKED_CALLS,
+            wakers,
+        }
+    }
+
+    /// The same engine with at most `max` calls parked at once (0: no bound).
+    pub fn with_max_parked_calls(mut self, max: u64) -> Self {
+        self.max_parked = max;
+        self
+    }
+
+    /// The wakers of parked calls, by object.
+    pub fn wakers(&self) -> &Arc<Wakers> {
+        &self.wakers
+    }
+
+    /// The last applied log index of this node.
+    pub fn applied_index(&self) -> u64 {
+        self.node.state().last_applied().map_or(0, |l| l.index)
+    }
+
+    /// Waits until this node has applied `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<(), Status> {
+        let mut rx = self.node.state().subscribe();
+        while *rx.borrow_and_update() < index {
+            rx.changed().await.map_err(|_| shutting_down())?;
+        }
+        Ok(())
+    }
+
+    /// Waits, on this node's state from log index `index` on, until `wait`
+    /// answers, or `deadline` passes (`None`: no limit; `Ok(None)` then). A
+    /// wait that belongs to job `epoch` ends with ABORTED once another
+    /// epoch began. The call counts as parked from the first time its
+    /// answer is not there until it ends; past the bound it is refused with
+    /// RESOURCE_EXHAUSTED.
+    pub async fn park(
+        &self,
+        index: u64,
+        epoch: Option<u64>,
+        mut wait: Wait,
+        deadline: Option<Instant>,
+    ) -> Result<Parked, Status> {
+        let applied = self.wait_applied(index);
+        match deadline {
+            None => applied.await?,
+            Some(d) => match tokio::time::timeout_at(d, applied).await {
+                Ok(r) => r?,
+                Err(_) => return Ok(None),
+            },
+        }
+        let state = self.node.state();
+        let objects = state.read(|s| wait.objects(s));
+        let waiting = self.wakers.register(objects, Vec::new());
+        let mut parked: Option<Counted<'_>> = None;
+        loop {
+            // Before looking: a change between the look and the wait wakes it.
+            let woken = waiting.notified();
+            if let Some(a) = state.read(|s| s.wait_result(epoch, &mut wait)) {
+                return Ok(Some(a));
+            }
+            if parked.is_none() {
+                parked = Some(self.count(wait.kind())?);
+            }
+            match deadline {
+                None => woken.await,
+                Some(d) => {
+                    if tokio::time::timeout_at(d, woken).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+            if self.wakers.is_closed() {
+                return Err(shutting_down());
+            }
+        }
+    }
+
+    /// Client calls parked on this node right now.
+    pub fn parked_calls(&self) -> u64 {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// The same by kind ([`KINDS`]).
+    pub fn parked_by_kind(&self) -> Vec<(&'static str, u64)> {
+        KINDS
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, self.by_kind[i].load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Counts a call of `kind` as parked, or refuses it past the bound.
+    fn count(&self, kind: &str) -> Result<Counted<'_>, Status> {
+        let before = self.parked.fetch_add(1, Ordering::Relaxed);
+        if self.max_parked > 0 && before >= self.max_parked {
+            self.parked.fetch_sub(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(format!(
+                "{before} calls are already parked on this node, its limit \
+                 (--max-parked-calls {}); retry later or raise the limit",
+                self.max_parked
+            )));
+        }
+        let kind = &self.by_kind[kind_index(kind)];
+        kind.fetch_add(1, Ordering::Relaxed);
+        Ok(Counted(&self.parked, kind))
+    }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("the node is shutting down")
+}
+
+/// One parked call, counted (in all and in its kind) while it lives.
+struct Counted<'a>(&'a AtomicU64, &'a AtomicU64);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.1.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The waiters of one object (or directory): woken together.
+#[derive(Default)]
+pub struct Waiters {
+    notify: Notify,
+    /// How many times they were woken.
+    wakeups: AtomicU64,
+}
+
+impl Waiters {
+    fn wake(&self) {
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
+        self.notify.notify_waiters();
+    }
+}
+
+type Table<K> = Mutex<HashMap<K, Arc<Waiters>>>;
+
+/// The waiters of parked calls by object, and of watches by directory.
+#[derive(Default)]
+pub struct Wakers {
+    objects: Table<Object>,
+    /// Watches of every key under a directory (normalised; "" is all).
+    dirs: Table<String>,
+    /// Woken on what concerns every waiter.
+    all: Notify,
+    /// The node stopped applying (shutting down).
+    closed: AtomicBool,
+}
+
+fn lock<K>(t: &Table<K>) -> MutexGuard<'_, HashMap<K, Arc<Waiters>>> {
+    t.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Wakers {
+    /// Registers a waiter on `objects` and on every key under `dirs`.
+    pub fn register(&self, objects: Vec<Object>, dirs: Vec<String>) -> Registration<'_> {
+        let objects = {
+            let mut t = lock(&self.objects);
+            objects
+                .into_iter()
+                .map(|o| {
+                    let w = t.entry(o.clone()).or_default().clone();
+                    (o, w)
+                })
+                .collect()
+        };
+        let dirs = {
+            let mut t = lock(&self.dirs);
+            dirs.into_iter()
+                .map(|d| {
+                    let w = t.entry(d.clone()).or_default().clone();
+                    (d, w)
+                })
+                .collect()
+        };
+        Registration {
+            wakers: self,
+            objects,
+            dirs,
+        }
+    }
+
+    /// Whether the node stopped applying: waiters give up.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Objects and directories with at least one waiter.
+    pub fn waited(&self) -> usize {
+        lock(&self.objects).len() + lock(&self.dirs).len()
+    }
+
+    /// How many times the waiters of `object` were woken (0 if none wait).
+    pub fn wakeups(&self, object: &Object) -> u64 {
+        lock(&self.objects)
+            .get(object)
+            .map_or(0, |w| w.wakeups.load(Ordering::Relaxed))
+    }
+
+    /// Wakes the waiters of what `touched` names.
+    pub fn wake(&self, touched: &Touched) {
+        if touched.all {
+            self.all.notify_waiters();
+            return;
+        }
+        let mut woken: Vec<Arc<Waiters>> = Vec::new();
+        {
+            let t = lock(&self.objects);
+            if !t.is_empty() {
+                woken.extend(touched.objects.iter().filter_map(|o| t.get(o).cloned()));
+            }
+        }
+        {
+            let t = lock(&self.dirs);
+            if !t.is_empty() {
+                for o in &touched.objects {
+                    if let Object::Key(key) = o {
+                        woken.extend(dirs_of(key).filter_map(|d| t.get(d).cloned()));
+                    }
+                }
+            }
+        }
+        // An object touched twice is woken once.
+        woken.sort_by_key(Arc::as_ptr);
+        woken.dedup_by_key(|w| Arc::as_ptr(w));
+        for w in woken {
+            w.wake();
+        }
+    }
+
+    fn forget(&self, objects: &[(Object, Arc<Waiters>)], dirs: &[(String, Arc<Waiters>)]) {
+        fn drop_unused<K: std::hash::Hash + Eq>(t: &Table<K>, mine: &[(K, Arc<Waiters>)]) {
+            if mine.is_empty() {
+                return;
+            }
+            let mut t = lock(t);
+            for (k, w) in mine {
+                // The table's reference and this one: nobody else waits.
+                if Arc::strong_count(w) == 2 {
+                    t.remove(k);
+                }
+            }
+        }
+        drop_unused(&self.objects, objects);
+        drop_unused(&self.dirs, dirs);
+    }
+}
+
+/// `key` and every directory above it, nearest first, "" last: the
+/// directories whose watches cover a change of `key`.
+fn dirs_of(key: &str) -> impl Iterator<Item = &str> {
+    let mut next = Some(key);
+    std::iter::from_fn(move || {
+        let d = next?;
+        next = match d.rfind('/') {
+            Some(i) => Some(&d[..i]),
+            None if d.is_empty() => None,
+            None => Some(""),
+        };
+        Some(d)
+    })
+}
+
+impl storage::ApplyObserver for Wakers {
+    fn changed(&self, _state: &State, touched: &Touched) {
+        self.wake(touched);
+    }
+
+    fn stopped(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.all.notify_waiters();
+    }
+}
+
+/// One waiter's registration; dropping it forgets the objects nobody else
+/// waits on.
+pub struct Registration<'a> {
+    wakers: &'a Wakers,
+    objects: Vec<(Object, Arc<Waiters>)>,
+    dirs: Vec<(String, Arc<Waiters>)>,
+}
+
+impl Registration<'_> {
+    /// Completes on the next wake-up of one of the registered objects or of
+    /// everyone. Create it **before** looking at the state: a wake-up
+    /// between the look and the wait is then not lost.
+    pub fn notified(&self) -> AnyNotified<'_> {
+        let all = std::iter::once(self.wakers.all.notified());
+        let each = self
+            .objects
+            .iter()
+            .map(|(_, w)| w)
+            .chain(self.dirs.iter().map(|(_, w)| w))
+            .map(|w| w.notify.notified());
+        AnyNotified(all.chain(each).map(Box::pin).collect())
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.wakers.forget(&self.objects, &self.dirs);
+    }
+}
+
+/// The first of several wake-ups.
+pub struct AnyNotified<'a>(Vec<Pin<Box<Notified<'a>>>>);
+
+impl Future for AnyNotified<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        for n in &mut self.0 {
+            if n.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use journal::pb::{coordination::KvInsert, update::Command, ResetJobEpoch};
+    use journal::Update;
+    use storage::ApplyObserver;
+
+    fn insert(key: &str) -> Update {
+        Update {
+            command: Some(Command::from(KvInsert {
+                key: key.into(),
+                value: "v".into(),
+                allow_overwrite: true,
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// Applies `u` and tells `wakers` what it touched.
+    fn apply(wakers: &Wakers, s: &mut State, u: &Update) {
+        let mut touched = Touched::default();
+        s.apply_traced(u, &mut touched);
+        wakers.changed(s, &touched);
+    }
+
+    /// Whether `f` wakes a waiter that was waiting before it ran.
+    fn woken(r: &Registration<'_>, f: impl FnOnce()) -> bool {
+        let mut n = std::pin::pin!(r.notified());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(n.as_mut().poll(&mut cx).is_pending(), "woken before");
+        f();
+        n.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_change_wakes_the_waiters_of_exactly_the_keys_it_wrote() {
+        let wakers = Wakers::default();
+        let mut s = State::new();
+        let key = |k: &str| vec![Object::Key(k.into())];
+        let (a, b) = (
+            wakers.register(key("a"), vec![]),
+            wakers.register(key("b"), vec![]),
+        );
+        assert!(woken(&a, || apply(&wakers, &mut s, &insert("a"))));
+        assert!(!woken(&b, || apply(&wakers, &mut s, &insert("a"))));
+        assert!(woken(&b, || apply(&wakers, &mut s, &insert("b"))));
+        drop(a);
+        assert_eq!(wakers.waited(), 1);
+    }
+
+    #[test]
+    fn a_watch_on_one_key_is_not_woken_by_ten_thousand_writes_to_others() {
+        let wakers = Wakers::default();
+        let mut s = State::new();
+        let watched = Object::Key("job/watched".into());
+        let watch = wakers.register(vec![watched.clone()], vec![]);
+        let dir = wakers.register(vec![], vec!["job/dir".into()]);
+        for i in 0..10_000 {
+            apply(&wakers, &mut s, &insert(&format!("job/other/{i}")));
+        }
+        assert_eq!(wakers.wakeups(&watched), 0);
+        assert!(!woken(&watch, || {}));
+        // A write under the watched directory wakes the directory's watch
+        // (and not the key's).
+        assert!(woken(&dir, || apply(
+            &wakers,
+            &mut s,
+            &insert("job/dir/x/y")
+        )));
+        assert_eq!(wakers.wakeups(&watched), 0);
+        assert!(woken(&watch, || apply(
+            &wakers,
+            &mut s,
+            &insert("job/watched")
+        )));
+        assert_eq!(wakers.wakeups(&watched), 1);
+    }
+
+    #[test]
+    fn an_epoch_reset_or_a_stop_wakes_everyone() {
+        let wakers = Wakers::default();
+        let mut s = State::new();
+        let a = wakers.register(vec![Object::Key("a".into())], vec![]);
+        let reset = Update::from(Command::ResetJobEpoch(ResetJobEpoch::default()));
+        assert!(woken(&a, || apply(&wakers, &mut s, &reset)));
+        assert!(woken(&a, || wakers.stopped()));
+        assert!(wakers.is_closed());
+    }
+
+    #[test]
+    fn the_directories_above_a_key() {
+        assert_eq!(
+            dirs_of("a/b/c").collect::<Vec<_>>(),
+            ["a/b/c", "a/b", "a", ""]
+        );
+        assert_eq!(dirs_of("a").collect::<Vec<_>>(), ["a", ""]);
+        assert_eq!(dirs_of("").collect::<Vec<_>>(), [""]);
+    }
+}

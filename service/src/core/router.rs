@@ -1,0 +1,275 @@
+//! The router: runs a call on the leader wherever it arrives. On the leader
+//! it hands the call to the [`LocalLeader`]; on a follower it forwards it to
+//! the leader; in between it waits out leader changes, so a caller connected
+//! to any surviving node never sees one. Every update gets an origin on the
+//! first node it reaches ([`super::call`]), so the retries here are
+//! exactly-once: a call without one proposes on a lane of its own
+//! (`proto::origin::Lanes`), which declares the lane's previous call done,
+//! so the replicated state holds one outcome per call in flight here,
+//! whatever the traffic.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use journal::Update;
+use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter};
+use prost::Message;
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::{ProposeRequest, ReadIndexRequest};
+use proto::origin::Lanes;
+use raft::{Applied, RaftNode};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use super::call::{forwarded, stamp, Call};
+use super::leader::{LocalLeader, Retry};
+
+/// Pause between attempts while no leader is reachable.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Where a call runs.
+pub enum Route {
+    /// Here: this node is the leader.
+    Local,
+    /// At the leader, through this channel to it.
+    Remote(Channel),
+}
+
+/// What the router records of the proposals made through it (the
+/// operations layer registers them with its metrics).
+#[derive(Clone)]
+pub struct ProposalMetrics {
+    /// Proposals this node made (its own and forwarded ones).
+    pub proposals: IntCounter,
+    /// Proposal → applied outcome, seconds.
+    pub seconds: Histogram,
+}
+
+impl Default for ProposalMetrics {
+    fn default() -> Self {
+        // 50 µs to ~26 s.
+        let buckets = exponential_buckets(0.000_05, 2.0, 20).expect("valid buckets");
+        ProposalMetrics {
+            proposals: IntCounter::new(
+                "raft_proposals_total",
+                "Updates proposed through this node",
+            )
+            .expect("valid counter"),
+            seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "raft_proposal_seconds",
+                    "Proposal to applied outcome, through this node",
+                )
+                .buckets(buckets),
+            )
+            .expect("valid histogram"),
+        }
+    }
+}
+
+/// The router of one node.
+pub struct Router {
+    leader: LocalLeader,
+    lanes: Lanes,
+    leader_wait: Duration,
+    max_message_bytes: usize,
+    metrics: ProposalMetrics,
+    slow: Duration,
+}
+
+impl Router {
+    /// A router over `leader` that keeps looking for a leader for
+    /// `leader_wait`, with `max_message_bytes` on forwarded calls.
+    pub fn new(leader: LocalLeader, leader_wait: Duration, max_message_bytes: usize) -> Self {
+        Router {
+            leader,
+            lanes: Lanes::new(),
+            leader_wait,
+            max_message_bytes,
+            metrics: ProposalMetrics::default(),
+            slow: Duration::from_secs(1),
+        }
+    }
+
+    /// The same router logging each proposal slower than `slow`.
+    pub fn with_slow_request(mut self, slow: Duration) -> Self {
+        self.slow = slow;
+        self
+    }
+
+    /// What the router records of its proposals.
+    pub fn metrics(&self) -> &ProposalMetrics {
+        &self.metrics
+    }
+
+    /// The node.
+    pub fn node(&self) -> &Arc<RaftNode> {
+        self.leader.node()
+    }
+
+    /// This node in its leader role.
+    pub fn leader(&self) -> &LocalLeader {
+        &self.leader
+    }
+
+    /// The lanes origins are drawn on.
+    pub fn lanes(&self) -> &Lanes {
+        &self.lanes
+    }
+
+    /// The largest gRPC message this node sends or receives.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    /// Where the next attempt goes, or why it must wait.
+    pub fn route(&self) -> Result<Route, Retry> {
+        if self.leader.is_leader() {
+            return Ok(Route::Local);
+        }
+        let node = self.node();
+        let Some((id, addr)) = node.leader() else {
+            return Err(Retry("no leader is known".into()));
+        };
+        if id == node.id() {
+            return Err(Retry("leadership is changing".into()));
+        }
+        let ch = node.channels().get(id, &addr).map_err(Retry)?;
+        Ok(Route::Remote(ch))
+    }
+
+    /// A Node API client on `ch`, with this node's message limits.
+    pub fn node_client(&self, ch: Channel) -> NodeClient<Channel> {
+        NodeClient::new(ch)
+            .max_decoding_message_size(self.max_message_bytes)
+            .max_encoding_message_size(self.max_message_bytes)
+    }
+
+    /// Runs `local` on the leader or `remote` over a channel to it,
+    /// retrying across leader changes until the leader wait runs out. No
+    /// attempt outlives the wait: a forward to a leader that hangs ends as
+    /// UNAVAILABLE, never as the caller's deadline. A forwarded call is not
+    /// forwarded again: on a node that is not the leader it answers
+    /// UNAVAILABLE.
+    pub async fn on_leader<T, L, LF, R, RF>(
+        &self,
+        call: &Call,
+        mut local: L,
+        mut remote: R,
+    ) -> Result<T, Status>
+    where
+        L: FnMut() -> LF,
+        LF: Future<Output = Result<T, Retry>>,
+        R: FnMut(Channel) -> RF,
+        RF: Future<Output = Result<T, Status>>,
+    {
+        let deadline = Instant::now() + self.leader_wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let why = match self.route() {
+                // An attempt never outlives the leader wait (a leader cut off
+                // from its quorum would hold it forever); the retry after it
+                // is exactly-once by origin.
+                Ok(Route::Local) => match tokio::time::timeout(left, local()).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(Retry(why))) => why,
+                    Err(_) => "the leader did not commit in time".to_string(),
+                },
+                Ok(Route::Remote(_)) | Err(_) if call.forwarded() => {
+                    return Err(Status::unavailable(format!(
+                        "node {} is not the leader",
+                        self.node().id()
+                    )))
+                }
+                Ok(Route::Remote(ch)) => match tokio::time::timeout(left, remote(ch)).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(s)) if retryable(&s) => format!("forwarding failed: {}", s.message()),
+                    Ok(Err(s)) => return Err(s),
+                    Err(_) => "the leader did not answer in time".to_string(),
+                },
+                Err(Retry(why)) => why,
+            };
+            if Instant::now() >= deadline {
+                return Err(Status::unavailable(format!(
+                    "no leader could serve the call within {} ms: {why}",
+                    self.leader_wait.as_millis()
+                )));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Proposes `u` (stamping an origin if it has none and, on the leader,
+    /// the time) and returns its outcome once applied.
+    pub async fn propose(&self, call: &Call, u: &mut Update) -> Result<Applied, Status> {
+        let t0 = Instant::now();
+        self.metrics.proposals.inc();
+        let _lane = stamp(u, &self.lanes);
+        let u = &*u;
+        let r = self
+            .on_leader(
+                call,
+                || self.leader.propose(u),
+                |ch| {
+                    // Encoded for a forward only: the leader proposes `u` itself.
+                    let req = forwarded(ProposeRequest {
+                        update: u.encode_to_vec().into(),
+                    });
+                    let mut client = self.node_client(ch);
+                    async move {
+                        let reply = client.propose(req).await?.into_inner();
+                        let outcome =
+                            journal::Outcome::decode(reply.outcome.as_ref()).map_err(|e| {
+                                Status::internal(format!("bad outcome from leader: {e}"))
+                            })?;
+                        Ok(Applied {
+                            outcome,
+                            log_index: reply.log_index,
+                        })
+                    }
+                },
+            )
+            .await;
+        let took = t0.elapsed();
+        if r.is_ok() {
+            self.metrics.seconds.observe(took.as_secs_f64());
+        }
+        if took >= self.slow {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                ok = r.is_ok(),
+                "slow request: a proposal took {} ms to apply",
+                took.as_millis()
+            );
+        }
+        r
+    }
+
+    /// The leader's read index: a log index whose state is safe to read
+    /// once applied (the leader has applied it when it answers).
+    pub async fn read_index(&self, call: &Call) -> Result<u64, Status> {
+        self.on_leader(
+            call,
+            || self.leader.read_barrier(),
+            |ch| {
+                let mut c = self.node_client(ch);
+                async move {
+                    Ok(c.read_index(forwarded(ReadIndexRequest {}))
+                        .await?
+                        .into_inner()
+                        .index)
+                }
+            },
+        )
+        .await
+    }
+}
+
+/// Whether a failed forward may be retried (possibly at another leader).
+fn retryable(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}

@@ -1,0 +1,291 @@
+//! The wire: one module per dialect and per API of coordstore's own. A
+//! handler translates one wire request into an area call (building the
+//! journal command itself) and the answer back; what a whole dialect
+//! shares — reading the call context, waiting until the service is
+//! configured, a precondition such as xla's service-incarnation check, the
+//! encoding of errors — is applied once, by [`serve`] and the service table
+//! the [`dialect!`] macro writes. Adapters hold no state.
+//!
+//! | module | service | area |
+//! |---|---|---|
+//! | [`xla`] | `xla.coordination.CoordinationService` (stock jaxlib) | coordination |
+//! | [`tf`] | `tensorflow.CoordinationService` (TensorFlow) | coordination |
+//! | [`agent`] | `coordstore.v1.Agent` (the Rust agent) | coordination |
+//! | [`tfdata`] | `tensorflow.data.DispatcherService` (tf.data) | dispatcher |
+//! | [`closures`] | `coordstore.v1.ClosureQueue` | closures |
+//! | [`node`] | `coordstore.v1.Node` (ctl, tools, other nodes) | core, coordination |
+
+pub mod agent;
+pub mod closures;
+pub mod node;
+pub mod tf;
+pub mod tfdata;
+pub mod xla;
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use journal::DomainError;
+use prost::Message;
+use proto::payloads::GrpcPayloadContainer;
+use tonic::{Code, Request, Response, Status};
+
+use crate::areas::coordination::Coordination;
+use crate::core::{Call, CallResult};
+
+/// The area the coordination dialects (xla, tf, agent) call.
+pub(crate) type Area = Coordination;
+
+/// A status with the `grpc-status-details-bin` trailer holding a serialized
+/// `tensorflow.distributed_runtime.GrpcPayloadContainer` (none when
+/// `payloads` is empty), as stock clients read it (`docs/protocols.md`,
+/// Error payloads).
+pub(crate) fn status_with_payloads(
+    code: i32,
+    message: &str,
+    payloads: HashMap<String, Vec<u8>>,
+) -> Status {
+    let code = Code::from_i32(code);
+    if payloads.is_empty() {
+        return Status::new(code, message.to_string());
+    }
+    let container = GrpcPayloadContainer { payloads };
+    Status::with_details(code, message.to_string(), container.encode_to_vec().into())
+}
+
+/// The arrival of `task` at a barrier call of either coordination dialect:
+/// the request's (id, counter, timeout in ms), and its participants by
+/// index with the first name that names no task (see [`participants`]).
+pub(crate) fn arrival(
+    task: u32,
+    recoverable: bool,
+    (id, counter, timeout_ms): (String, i64, i64),
+    (participants, unknown_participant): (Vec<u32>, String),
+) -> journal::pb::coordination::BarrierArrive {
+    journal::pb::coordination::BarrierArrive {
+        id,
+        counter,
+        timeout_ms: timeout_ms.max(0) as u64,
+        participants,
+        task,
+        unknown_participant,
+        recoverable,
+    }
+}
+
+/// The tasks a barrier call names, by index, and how the first that names
+/// no task is written (`""`: none): `index` resolves a name, `name` writes
+/// one.
+pub(crate) fn participants<T>(
+    named: &[T],
+    index: impl Fn(&T) -> CallResult<u32>,
+    name: impl Fn(&T) -> String,
+) -> (Vec<u32>, String) {
+    let mut known = Vec::with_capacity(named.len());
+    let mut unknown = String::new();
+    for t in named {
+        match index(t) {
+            Ok(i) => known.push(i),
+            Err(_) if unknown.is_empty() => unknown = name(t),
+            Err(_) => {}
+        }
+    }
+    (known, unknown)
+}
+
+/// The payloads of a domain error, both coordination dialects: the
+/// CoordinationServiceError `coordination` encodes (when the error carries
+/// one) and the BarrierError `barrier` encodes from (id, counter).
+pub(crate) fn payloads(
+    e: &DomainError,
+    coordination: impl FnOnce() -> Vec<u8>,
+    barrier: impl FnOnce(String, i64) -> Vec<u8>,
+) -> HashMap<String, Vec<u8>> {
+    let mut payloads = HashMap::new();
+    if e.coordination_payload {
+        let key = proto::payload_keys::COORDINATION_SERVICE_ERROR;
+        payloads.insert(key.to_string(), coordination());
+    }
+    if let Some(b) = &e.barrier {
+        let key = proto::payload_keys::BARRIER_ERROR;
+        payloads.insert(key.to_string(), barrier(b.id.clone(), b.counter));
+    }
+    payloads
+}
+
+/// The domain errors of a coordination dialect on its wire.
+pub(crate) type Errors = fn(&Area, &Call, &DomainError) -> Status;
+
+/// Serves one coordination call, the shape every coordination handler
+/// shares: reads the call's context (a malformed origin is INVALID_ARGUMENT
+/// before anything happens), waits until the service is configured, runs
+/// `body`, and encodes a failure with the dialect's `errors`.
+pub(crate) async fn serve<Req, Resp, Fut>(
+    area: &Area,
+    req: Request<Req>,
+    errors: Errors,
+    body: impl FnOnce(Area, Call, Req) -> Fut,
+) -> Result<Response<Resp>, Status>
+where
+    Fut: Future<Output = (Call, CallResult<Resp>)>,
+{
+    let call = Call::from_request(&req)?;
+    area.ready(&call).await?;
+    let (call, answer) = body(area.clone(), call, req.into_inner()).await;
+    answer
+        .map(Response::new)
+        .map_err(|e| e.into_status(|d| errors(area, &call, d)))
+}
+
+/// Writes a coordination dialect's gRPC service: the service (a struct over
+/// the [`Area`], and its tonic server with gzip accepted and the node's
+/// message limits), then one row per method, each served by [`serve`] with
+/// the dialect's error encoding and, where given, its precondition
+/// (`admit`, checked before every handler), then the module's handler of
+/// the same name: `async fn m(a: &Area, c: &Call, r: Req) -> CallResult<Resp>`.
+/// A first row `kv;` adds the KV methods both dialects serve alike (see
+/// [`kv_handlers`]). Methods of another shape (a stream) go into a last
+/// `{ ... }`.
+macro_rules! dialect {
+    (
+        $(#[$doc:meta])* $service:ident: $trait:ident in $server:ident, errors = $errors:path;
+        $($rest:tt)*
+    ) => {
+        crate::wire::dialect! {
+            $(#[$doc])* $service: $trait in $server, errors = $errors, admit = crate::wire::admit_any;
+            $($rest)*
+        }
+    };
+    (
+        $(#[$doc:meta])* $service:ident: $trait:ident in $server:ident, errors = $errors:path, admit = $admit:path;
+        kv;
+        $($method:ident($req:ty) -> $resp:ty;)*
+        $({ $($more:tt)* })?
+    ) => {
+        crate::wire::kv_handlers!();
+        crate::wire::dialect! {
+            $(#[$doc])* $service: $trait in $server, errors = $errors, admit = $admit;
+            insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse;
+            get_key_value(GetKeyValueRequest) -> GetKeyValueResponse;
+            try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse;
+            get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse;
+            delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse;
+            $($method($req) -> $resp;)*
+            $({ $($more)* })?
+        }
+    };
+    (
+        $(#[$doc:meta])* $service:ident: $trait:ident in $server:ident, errors = $errors:path, admit = $admit:path;
+        $($method:ident($req:ty) -> $resp:ty;)*
+        $({ $($more:tt)* })?
+    ) => {
+        $(#[$doc])*
+        pub struct $service {
+            area: crate::wire::Area,
+        }
+
+        impl $service {
+            /// The tonic service: gzip accepted, message limits from the
+            /// node config.
+            pub fn server(area: crate::wire::Area, max_message_bytes: usize) -> $server<$service> {
+                $server::new($service { area })
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                    .max_decoding_message_size(max_message_bytes)
+                    .max_encoding_message_size(max_message_bytes)
+            }
+        }
+
+        #[tonic::async_trait]
+        impl $trait for $service {
+            $($($more)*)?
+            $(
+                async fn $method(
+                    &self,
+                    req: tonic::Request<$req>,
+                ) -> Result<tonic::Response<$resp>, tonic::Status> {
+                    crate::wire::serve(&self.area, req, $errors, |a, c, r| async move {
+                        let answer = async {
+                            $admit(&a, &c, &r).await?;
+                            $method(&a, &c, r).await
+                        }
+                        .await;
+                        (c, answer)
+                    })
+                    .await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use dialect;
+
+/// The precondition of a dialect that has none.
+pub(crate) async fn admit_any<R>(_: &Area, _: &Call, _: &R) -> CallResult<()> {
+    Ok(())
+}
+
+/// The KV handlers, the same in both coordination dialects (their messages
+/// share names and shapes): written once, expanded in each dialect's module
+/// over its own message types.
+macro_rules! kv_handlers {
+    () => {
+        async fn insert_key_value(
+            a: &Area,
+            c: &Call,
+            r: InsertKeyValueRequest,
+        ) -> CallResult<InsertKeyValueResponse> {
+            let kv = r.kv.unwrap_or_default();
+            let insert = journal::pb::coordination::KvInsert {
+                key: kv.key,
+                value: kv.value,
+                allow_overwrite: r.allow_overwrite,
+            };
+            a.apply(c, insert).await?;
+            Ok(InsertKeyValueResponse {})
+        }
+
+        async fn get_key_value(
+            a: &Area,
+            c: &Call,
+            r: GetKeyValueRequest,
+        ) -> CallResult<GetKeyValueResponse> {
+            let value = a.kv_get(c, &r.key).await?;
+            let kv = Some(KeyValueEntry { key: r.key, value });
+            Ok(GetKeyValueResponse { kv })
+        }
+
+        async fn try_get_key_value(
+            a: &Area,
+            c: &Call,
+            r: TryGetKeyValueRequest,
+        ) -> CallResult<TryGetKeyValueResponse> {
+            let value = a.kv_try_get(c, &r.key).await?;
+            let kv = Some(KeyValueEntry { key: r.key, value });
+            Ok(TryGetKeyValueResponse { kv })
+        }
+
+        async fn get_key_value_dir(
+            a: &Area,
+            c: &Call,
+            r: GetKeyValueDirRequest,
+        ) -> CallResult<GetKeyValueDirResponse> {
+            let entries = a.kv_dir(c, &r.directory_key).await?;
+            let kv = entries
+                .into_iter()
+                .map(|(key, value)| KeyValueEntry { key, value });
+            let (directory_key, kv) = (r.directory_key, kv.collect());
+            Ok(GetKeyValueDirResponse { directory_key, kv })
+        }
+
+        async fn delete_key_value(
+            a: &Area,
+            c: &Call,
+            r: DeleteKeyValueRequest,
+        ) -> CallResult<DeleteKeyValueResponse> {
+            a.apply(c, journal::pb::coordination::KvDelete { key: r.key })
+                .await?;
+            Ok(DeleteKeyValueResponse {})
+        }
+    };
+}
+pub(crate) use kv_handlers;
