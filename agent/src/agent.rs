@@ -76,6 +76,8 @@ pub struct AgentConfig {
     /// Dial the nodes over TLS with this (see `proto::tls::client`); None:
     /// plaintext.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The namespace of the task's job (None: the default one).
+    pub namespace: Option<String>,
 }
 
 impl AgentConfig {
@@ -90,6 +92,7 @@ impl AgentConfig {
             retry_for: Duration::from_secs(300),
             max_message_bytes: 1 << 30,
             tls: None,
+            namespace: None,
         }
     }
 }
@@ -150,6 +153,7 @@ impl Agent {
             return Err(precondition("the agent is already initialized"));
         }
         let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())
+            .and_then(|e| e.in_namespace(cfg.namespace.as_deref()))
             .map_err(Status::invalid_argument)?;
         self.inner = Some(Arc::new(Inner {
             cfg,
@@ -748,11 +752,11 @@ async fn watch_loop(
     let mut last: u64 = 0;
     loop {
         let (idx, ch) = i.nodes.current();
-        let req = WatchRequest {
+        let req = i.nodes.request(WatchRequest {
             key: key.clone(),
             is_directory: true,
             start_revision: last,
-        };
+        });
         let stream = i_agent(ch).watch(req).await;
         let mut stream = match stream {
             Ok(s) => s.into_inner(),

@@ -118,9 +118,12 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(nodes: &[String], name: &str) -> Result<Queue, Status> {
+    fn new(nodes: &[String], namespace: Option<&str>, name: &str) -> Result<Queue, Status> {
+        let endpoints = Endpoints::new(nodes, RETRY_FOR)
+            .and_then(|e| e.in_namespace(namespace))
+            .map_err(Status::invalid_argument)?;
         Ok(Queue {
-            endpoints: Endpoints::new(nodes, RETRY_FOR).map_err(Status::invalid_argument)?,
+            endpoints,
             name: name.to_string(),
         })
     }
@@ -183,7 +186,19 @@ impl Coordinator {
         config: Option<QueueConfig>,
         tag: &str,
     ) -> Result<Coordinator, Error> {
-        let q = Queue::new(nodes, queue)?;
+        Self::create_in(nodes, None, queue, config, tag).await
+    }
+
+    /// [`Coordinator::create`] in namespace `namespace` (None: the default
+    /// one).
+    pub async fn create_in(
+        nodes: &[String],
+        namespace: Option<&str>,
+        queue: &str,
+        config: Option<QueueConfig>,
+        tag: &str,
+    ) -> Result<Coordinator, Error> {
+        let q = Queue::new(nodes, namespace, queue)?;
         q.endpoints
             .call(
                 CreateQueueRequest {
@@ -493,8 +508,18 @@ pub struct Worker {
 impl Worker {
     /// A worker named `name` (unique among the queue's workers) on `queue`.
     pub fn new(nodes: &[String], queue: &str, name: &str) -> Result<Worker, Status> {
+        Self::new_in(nodes, None, queue, name)
+    }
+
+    /// [`Worker::new`] in namespace `namespace` (None: the default one).
+    pub fn new_in(
+        nodes: &[String],
+        namespace: Option<&str>,
+        queue: &str,
+        name: &str,
+    ) -> Result<Worker, Status> {
         Ok(Worker {
-            q: Queue::new(nodes, queue)?,
+            q: Queue::new(nodes, namespace, queue)?,
             name: name.to_string(),
         })
     }

@@ -34,6 +34,9 @@ struct Inner {
     current: AtomicUsize,
     lanes: Lanes,
     retry_for: Duration,
+    /// The namespace every call names (`x-coordstore-namespace`); `None`:
+    /// the default one.
+    namespace: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 /// The nodes of one cluster, with failover and origins.
@@ -81,8 +84,35 @@ impl Endpoints {
                 current: AtomicUsize::new(0),
                 lanes: Lanes::new(),
                 retry_for,
+                namespace: None,
             }),
         })
+    }
+
+    /// The same nodes, every call in namespace `namespace` (`None`: the
+    /// default one). Call it before the endpoints are cloned.
+    pub fn in_namespace(mut self, namespace: Option<&str>) -> Result<Endpoints, String> {
+        let value = match namespace {
+            None => None,
+            Some(ns) => Some(
+                ns.parse()
+                    .map_err(|_| format!("namespace {ns:?} is not a header value"))?,
+            ),
+        };
+        let inner = Arc::get_mut(&mut self.inner)
+            .ok_or("the endpoints are shared already; name the namespace first")?;
+        inner.namespace = value;
+        Ok(self)
+    }
+
+    /// `msg` as a request of these endpoints (in their namespace).
+    pub fn request<M>(&self, msg: M) -> Request<M> {
+        let mut req = Request::new(msg);
+        if let Some(ns) = &self.inner.namespace {
+            req.metadata_mut()
+                .insert(proto::NAMESPACE_HEADER, ns.clone());
+        }
+        req
     }
 
     /// The node calls go to now, and its channel.
@@ -118,7 +148,7 @@ impl Endpoints {
         let mut failures = 0usize;
         loop {
             let (idx, ch) = self.current();
-            let mut req = Request::new(msg.clone());
+            let mut req = self.request(msg.clone());
             req.metadata_mut()
                 .insert(ORIGIN_HEADER, origin.parse().expect("ascii digits"));
             match method(ch, req).await {

@@ -29,6 +29,9 @@ pub struct RelayConfig {
     /// Dial the nodes over TLS with this; None: plaintext. The relay's own
     /// port stays plaintext: keep it on the client's host, the TLS end.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Every relayed call acts in this namespace (the nodes' main port,
+    /// header `x-coordstore-namespace`); None: the default one.
+    pub namespace: Option<String>,
 }
 
 impl RelayConfig {
@@ -39,6 +42,7 @@ impl RelayConfig {
             retry_for: Duration::from_secs(600),
             max_message_bytes: 1 << 30,
             tls: None,
+            namespace: None,
         }
     }
 }
@@ -161,7 +165,8 @@ pub async fn serve(
     cfg: RelayConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())?;
+    let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())?
+        .in_namespace(cfg.namespace.as_deref())?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

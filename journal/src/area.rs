@@ -45,14 +45,8 @@ impl Context<'_> {
     /// [`crate::wait`]); `object` is built only when changes are recorded.
     pub fn touch(&mut self, object: impl FnOnce() -> Object) {
         if let Some(t) = self.touched.as_deref_mut() {
-            t.objects.push(object());
-        }
-    }
-
-    /// Reports a change that concerns every parked call.
-    pub fn touch_all(&mut self) {
-        if let Some(t) = self.touched.as_deref_mut() {
-            t.all = true;
+            t.objects
+                .push((self.cluster.namespace.to_string(), object()));
         }
     }
 }
@@ -124,7 +118,7 @@ macro_rules! area_commands {
 }
 pub(crate) use area_commands;
 
-/// A part of the state a parked call waits on: a change of it may change
+/// A part of a namespace a parked call waits on: a change of it may change
 /// the call's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Object {
@@ -142,14 +136,20 @@ pub enum Object {
     Queue(String),
 }
 
-/// The objects an apply changed.
+/// What an apply changed.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Touched {
-    /// A change that concerns every waiter (a job epoch reset, the service
-    /// configured, a state replaced by a snapshot).
+    /// A change that concerns every waiter of every namespace (a state
+    /// replaced by a snapshot).
     pub all: bool,
-    /// The objects changed, in order, possibly repeated.
-    pub objects: Vec<Object>,
+    /// Namespaces (keys: "" for the default one) whose every waiter a
+    /// change concerns: configured, reset, created or deleted.
+    pub namespaces: Vec<String>,
+    /// The objects changed with their namespace (key), in order, possibly
+    /// repeated.
+    pub objects: Vec<(String, Object)>,
+    /// A namespace was created or deleted.
+    pub namespace_set: bool,
 }
 
 impl Touched {
@@ -157,18 +157,21 @@ impl Touched {
     pub fn everything() -> Self {
         Touched {
             all: true,
-            objects: Vec::new(),
+            namespace_set: true,
+            ..Default::default()
         }
     }
 
     /// Forgets what was recorded.
     pub fn clear(&mut self) {
         self.all = false;
+        self.namespaces.clear();
         self.objects.clear();
+        self.namespace_set = false;
     }
 
     /// Whether nothing was recorded.
     pub fn is_empty(&self) -> bool {
-        !self.all && self.objects.is_empty()
+        !self.all && !self.namespace_set && self.namespaces.is_empty() && self.objects.is_empty()
     }
 }

@@ -13,6 +13,10 @@ pub struct Cluster<'a> {
     pub(crate) config: Option<&'a ClusterConfig>,
     pub(crate) service_incarnation: u64,
     pub(crate) epoch: u64,
+    /// The namespace's key ("" for the default one).
+    pub(crate) namespace: &'a str,
+    /// The namespace's bound on KV bytes (0: none).
+    pub(crate) max_bytes: u64,
 }
 
 impl<'a> Cluster<'a> {
@@ -29,6 +33,11 @@ impl<'a> Cluster<'a> {
     /// The job epoch, bumped by every `ResetJobEpoch`.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The namespace's name (`default` for the default one).
+    pub fn namespace(&self) -> &'a str {
+        crate::namespace::namespace_name(self.namespace)
     }
 
     /// Number of tasks in the configuration.

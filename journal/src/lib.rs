@@ -73,10 +73,12 @@ mod cluster;
 pub mod coordination;
 pub mod dispatcher;
 pub mod errors;
+pub mod namespace;
 mod state;
 pub mod wait;
 
 pub use cluster::{task_name, Cluster, JAX_JOB};
+pub use namespace::{Namespace, DEFAULT_NAMESPACE};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{
     client_proposable, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS,

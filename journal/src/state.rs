@@ -13,9 +13,10 @@ use crate::cluster::Cluster;
 use crate::coordination;
 use crate::dispatcher;
 use crate::errors;
+use crate::namespace::{self, namespace_key, namespace_name, Namespace};
 use crate::pb::{
-    outcome, update::Command, ClientSession, ClusterConfig, DomainError, Origin, Outcome,
-    StateData, Update,
+    outcome, update::Command, ClientSession, ClusterConfig, CreateNamespace, DeleteNamespace,
+    DomainError, NamespaceData, NamespaceSpec, Origin, Outcome, StateData, Update,
 };
 
 /// Default bound on the number of clients the exactly-once table remembers.
@@ -135,7 +136,11 @@ impl From<Command> for Update {
 pub fn client_proposable(command: &Command) -> bool {
     match command {
         Command::ResetJobEpoch(_) | Command::Noop(_) => true,
-        Command::InitService(_) => false,
+        // The node's to propose: the leader stamps the port, the service
+        // incarnation and the cluster's bounds.
+        Command::InitService(_) | Command::CreateNamespace(_) | Command::DeleteNamespace(_) => {
+            false
+        }
         Command::Coordination(c) => c
             .command
             .as_ref()
@@ -156,11 +161,25 @@ enum AreaId {
     Closures,
 }
 
-/// Every area's state, borrowed apart from the shared part.
+/// Every area's state of one namespace, borrowed apart from the shared part.
 struct Areas<'s> {
     coordination: &'s mut coordination::Data,
     dispatcher: &'s mut dispatcher::Data,
     closures: &'s mut closures::Data,
+}
+
+/// One namespace's own parts, borrowed: the default namespace's are
+/// `StateData`'s own fields, another's its `NamespaceData`.
+struct Parts<'s> {
+    initialized: &'s mut bool,
+    config: &'s mut Option<ClusterConfig>,
+    service_incarnation: &'s mut u64,
+    epoch: &'s mut u64,
+    spec: Option<&'s NamespaceSpec>,
+    last_active_ms: Option<&'s mut u64>,
+    coordination: &'s mut Option<coordination::Data>,
+    dispatcher: &'s mut Option<dispatcher::Data>,
+    closures: &'s mut Option<closures::Data>,
 }
 
 impl State {
@@ -200,14 +219,19 @@ impl State {
 
     /// Whether a debug build checks the invariants after this apply.
     fn invariant_check_due(&self) -> bool {
-        let c = self.coordination_data();
-        let size = c.tasks.len()
-            + c.kv.len()
-            + c.kv_events.len()
-            + c.barriers.len()
-            + self.data.sessions.len()
-            + self.closures_data().closures.len()
-            + self.dispatcher_data().tasks.len();
+        let size = self.data.sessions.len()
+            + self
+                .namespaces()
+                .map(|n| {
+                    let c = n.coordination;
+                    c.tasks.len()
+                        + c.kv.len()
+                        + c.kv_events.len()
+                        + c.barriers.len()
+                        + n.closures.closures.len()
+                        + n.dispatcher.tasks.len()
+                })
+                .sum::<usize>();
         size <= INVARIANT_CHECK_SIZE || self.data.applied.is_multiple_of(INVARIANT_CHECK_EVERY)
     }
 
@@ -217,10 +241,11 @@ impl State {
         if self.data.applied.is_multiple_of(SESSION_SWEEP_EVERY) {
             self.expire_sessions();
         }
+        let ns = namespace_key(&u.namespace);
         match &u.origin {
             None => {
                 let mut out = self.apply_command(u, touched);
-                out.epoch = self.data.epoch;
+                out.epoch = self.epoch_of(ns);
                 out
             }
             Some(origin) => {
@@ -228,7 +253,7 @@ impl State {
                     return prev;
                 }
                 let mut out = self.apply_command(u, touched);
-                out.epoch = self.data.epoch;
+                out.epoch = self.epoch_of(ns);
                 self.record_outcome(origin, &out);
                 out
             }
@@ -256,16 +281,43 @@ impl State {
                 ));
             }
         }
-        let cl = self.cluster();
-        self.coordination_data().check_invariants(cl)?;
-        self.dispatcher_data().check_invariants(cl)?;
-        self.closures_data().check_invariants(cl)
+        let mut ports = std::collections::BTreeMap::new();
+        for n in self.namespaces() {
+            let cl = n.cluster();
+            let name = n.name();
+            let named = |e: String| format!("namespace {name}: {e}");
+            if !n.is_default() {
+                if !namespace::valid_name(name) || !n.initialized {
+                    return Err(named("an invalid or unconfigured namespace".into()));
+                }
+                if let Some(c) = n.config {
+                    check_config(c).map_err(|e| named(e.message))?;
+                }
+                let port = n.spec.map_or(0, |s| s.port);
+                if port != 0 {
+                    if let Some(other) = ports.insert(port, name) {
+                        return Err(format!("namespaces {other} and {name} share port {port}"));
+                    }
+                }
+            }
+            n.coordination.check_invariants(cl).map_err(named)?;
+            n.dispatcher.check_invariants(cl).map_err(named)?;
+            n.closures.check_invariants(cl).map_err(named)?;
+        }
+        Ok(())
+    }
+
+    /// The job epoch of namespace `key` (0 if it does not exist).
+    fn epoch_of(&self, key: &str) -> u64 {
+        self.namespace(key).map_or(0, |n| n.epoch)
     }
 
     fn apply_command(&mut self, u: &Update, mut touched: Option<&mut Touched>) -> Outcome {
+        let ns = namespace_key(&u.namespace);
         if let Some(named_in) = u.epoch {
-            if named_in != self.data.epoch {
-                return Outcome::err(errors::stale_epoch(named_in, self.data.epoch));
+            let epoch = self.epoch_of(ns);
+            if named_in != epoch {
+                return Outcome::err(errors::stale_epoch(named_in, epoch));
             }
         }
         let Some(cmd) = &u.command else {
@@ -278,62 +330,76 @@ impl State {
         let owned = owned_command(cmd);
         let cmd = &owned;
         let at = u.at_ms;
-        let mut lost = Vec::new();
-        let (out, from) = match cmd {
-            Command::InitService(c) => {
+        match cmd {
+            Command::InitService(c) if ns.is_empty() => {
                 let out = self.init_service(c, at);
                 if !out.is_err() {
-                    touch_all(&mut touched);
+                    touch_namespace(&mut touched, ns);
                 }
                 return out;
             }
-            Command::ResetJobEpoch(c) => {
-                let out = self.reset_job_epoch(c, at);
-                if !out.is_err() {
-                    touch_all(&mut touched);
-                }
-                return out;
+            Command::InitService(_) => {
+                return Outcome::err(errors::bad_config(
+                    "InitService configures the default namespace only".into(),
+                ))
             }
+            Command::CreateNamespace(c) => return self.create_namespace(c, at, touched),
+            Command::DeleteNamespace(c) => return self.delete_namespace(c, touched),
             Command::Noop(_) => return Outcome::ok(),
+            _ => {}
+        }
+        let Some(parts) = self.parts(ns) else {
+            return Outcome::err(namespace::unknown(ns));
+        };
+        if let Some(t) = parts.last_active_ms {
+            *t = (*t).max(at);
+        }
+        if let Command::ResetJobEpoch(c) = cmd {
+            let out = self.reset_job_epoch(ns, c, at);
+            if !out.is_err() {
+                touch_namespace(&mut touched, ns);
+            }
+            return out;
+        }
+        let mut lost = Vec::new();
+        let (mut cx, areas) = self
+            .split(ns, at, &mut lost, touched.as_deref_mut())
+            .expect("the namespace exists");
+        let (out, from) = match cmd {
             Command::Coordination(c) => {
-                let (mut cx, areas) = self.split(at, &mut lost, touched.as_deref_mut());
                 (areas.coordination.apply(&mut cx, c), AreaId::Coordination)
             }
-            Command::Dispatcher(c) => {
-                let (mut cx, areas) = self.split(at, &mut lost, touched.as_deref_mut());
-                (areas.dispatcher.apply(&mut cx, c), AreaId::Dispatcher)
-            }
-            Command::Closures(c) => {
-                let (mut cx, areas) = self.split(at, &mut lost, touched.as_deref_mut());
-                (areas.closures.apply(&mut cx, c), AreaId::Closures)
-            }
+            Command::Dispatcher(c) => (areas.dispatcher.apply(&mut cx, c), AreaId::Dispatcher),
+            Command::Closures(c) => (areas.closures.apply(&mut cx, c), AreaId::Closures),
+            _ => unreachable!("shared commands were handled above"),
         };
-        self.tell_task_lost(from, &lost, at, touched);
+        self.tell_task_lost(ns, from, &lost, at, touched);
         out
     }
 
-    /// The shared context and every area, borrowed apart.
+    /// Namespace `key`'s own parts, borrowed apart; `None` if it does not
+    /// exist.
+    fn parts(&mut self, key: &str) -> Option<Parts<'_>> {
+        split_parts(&mut self.data, key).map(|(p, _)| p)
+    }
+
+    /// The shared context and every area of namespace `key`, borrowed
+    /// apart; `None` if it does not exist.
     fn split<'s>(
         &'s mut self,
+        key: &'s str,
         at_ms: u64,
         lost: &'s mut Vec<u32>,
         touched: Option<&'s mut Touched>,
-    ) -> (Context<'s>, Areas<'s>) {
-        let StateData {
-            config,
-            service_incarnation,
-            epoch,
-            next_call_id,
-            coordination,
-            dispatcher,
-            closures,
-            ..
-        } = &mut self.data;
+    ) -> Option<(Context<'s>, Areas<'s>)> {
+        let (parts, next_call_id) = split_parts(&mut self.data, key)?;
         let cx = Context {
             cluster: Cluster {
-                config: config.as_ref(),
-                service_incarnation: *service_incarnation,
-                epoch: *epoch,
+                config: parts.config.as_ref(),
+                service_incarnation: *parts.service_incarnation,
+                epoch: *parts.epoch,
+                namespace: key,
+                max_bytes: parts.spec.map_or(0, |s| s.max_bytes),
             },
             at_ms,
             next_call_id,
@@ -341,16 +407,17 @@ impl State {
             touched,
         };
         let areas = Areas {
-            coordination: coordination.get_or_insert_with(Default::default),
-            dispatcher: dispatcher.get_or_insert_with(Default::default),
-            closures: closures.get_or_insert_with(Default::default),
+            coordination: parts.coordination.get_or_insert_with(Default::default),
+            dispatcher: parts.dispatcher.get_or_insert_with(Default::default),
+            closures: parts.closures.get_or_insert_with(Default::default),
         };
-        (cx, areas)
+        Some((cx, areas))
     }
 
     /// Every area other than `from` hears that these tasks were lost.
     fn tell_task_lost(
         &mut self,
+        key: &str,
         from: AreaId,
         lost: &[u32],
         at_ms: u64,
@@ -358,7 +425,10 @@ impl State {
     ) {
         for &task in lost {
             let mut more = Vec::new();
-            let (mut cx, areas) = self.split(at_ms, &mut more, touched.as_deref_mut());
+            let Some((mut cx, areas)) = self.split(key, at_ms, &mut more, touched.as_deref_mut())
+            else {
+                return;
+            };
             if from != AreaId::Coordination {
                 areas.coordination.on_task_lost(&mut cx, task);
             }
@@ -387,33 +457,160 @@ impl State {
         self.data.initialized = true;
         self.data.service_incarnation = c.service_incarnation;
         self.data.config = Some(config);
-        let mut lost = Vec::new();
-        let (mut cx, areas) = self.split(at_ms, &mut lost, None);
-        areas.coordination.on_init(&mut cx);
-        areas.dispatcher.on_init(&mut cx);
-        areas.closures.on_init(&mut cx);
+        self.init_areas("", at_ms);
         Outcome::with_service_incarnation(self.data.service_incarnation)
     }
 
-    fn reset_job_epoch(&mut self, c: &crate::pb::ResetJobEpoch, at_ms: u64) -> Outcome {
+    /// Every area of namespace `key` starts its first job epoch.
+    fn init_areas(&mut self, key: &str, at_ms: u64) {
+        let mut lost = Vec::new();
+        if let Some((mut cx, areas)) = self.split(key, at_ms, &mut lost, None) {
+            areas.coordination.on_init(&mut cx);
+            areas.dispatcher.on_init(&mut cx);
+            areas.closures.on_init(&mut cx);
+        }
+    }
+
+    fn reset_job_epoch(&mut self, key: &str, c: &crate::pb::ResetJobEpoch, at_ms: u64) -> Outcome {
+        let Some(p) = self.parts(key) else {
+            return Outcome::err(namespace::unknown(key));
+        };
         let config = c
             .config
             .clone()
-            .or_else(|| self.data.config.clone())
+            .or_else(|| p.config.clone())
             .unwrap_or_default();
         if let Err(e) = check_config(&config) {
             return Outcome::err(e);
         }
-        self.data.initialized = true;
-        self.data.epoch += 1;
-        self.data.service_incarnation = c.service_incarnation;
-        self.data.config = Some(config);
+        if !key.is_empty() && total_tasks(&config) == 0 {
+            return Outcome::err(namespace::no_tasks(namespace_name(key)));
+        }
+        *p.initialized = true;
+        *p.epoch += 1;
+        *p.service_incarnation = c.service_incarnation;
+        *p.config = Some(config);
         let mut lost = Vec::new();
-        let (mut cx, areas) = self.split(at_ms, &mut lost, None);
+        let (mut cx, areas) = self
+            .split(key, at_ms, &mut lost, None)
+            .expect("the namespace exists");
         areas.coordination.on_epoch_reset(&mut cx);
         areas.dispatcher.on_epoch_reset(&mut cx);
         areas.closures.on_epoch_reset(&mut cx);
-        Outcome::with_service_incarnation(self.data.service_incarnation)
+        Outcome::with_service_incarnation(self.epoch_incarnation(key))
+    }
+
+    fn epoch_incarnation(&self, key: &str) -> u64 {
+        self.namespace(key).map_or(0, |n| n.service_incarnation)
+    }
+
+    // --------------------------------------------------------- namespaces ----
+
+    /// Checks `CreateNamespace` `c` against this state without applying it:
+    /// the namespace's data as the create would insert it (its spec's
+    /// creation time `at_ms`), or why it is refused. The leader runs it
+    /// before proposing, so a refused create proposes nothing; the apply
+    /// runs it again.
+    pub fn check_create(
+        &self,
+        c: &CreateNamespace,
+        at_ms: u64,
+    ) -> Result<NamespaceData, DomainError> {
+        let name = c.name.as_str();
+        if !namespace::valid_name(name) {
+            return Err(namespace::bad_name(name));
+        }
+        if name == namespace::DEFAULT_NAMESPACE || self.data.namespaces.contains_key(name) {
+            return Err(namespace::exists(name));
+        }
+        let count = 1 + self.data.namespaces.len() as u64;
+        if c.max_namespaces > 0 && count >= c.max_namespaces {
+            return Err(namespace::too_many(c.max_namespaces));
+        }
+        let mut data = c.data.clone().unwrap_or_default();
+        let config = match &c.data {
+            Some(d) => d.config.clone().unwrap_or_default(),
+            None => c.config.clone().unwrap_or_default(),
+        };
+        check_config(&config)?;
+        if total_tasks(&config) == 0 {
+            return Err(namespace::no_tasks(name));
+        }
+        let mut spec = c.spec.clone().unwrap_or_default();
+        if let Some(imported) = &data.spec {
+            // An import keeps what it had but the port (the cluster's).
+            let port = spec.port;
+            spec = NamespaceSpec {
+                port,
+                ..imported.clone()
+            };
+        }
+        if c.port_low > 0 && !(c.port_low..=c.port_high).contains(&spec.port) {
+            return Err(namespace::port_outside(spec.port, c.port_low, c.port_high));
+        }
+        if let Some(other) = self
+            .data
+            .namespaces
+            .iter()
+            .find(|(_, n)| n.spec.as_ref().is_some_and(|s| s.port == spec.port))
+        {
+            return Err(namespace::port_taken(spec.port, other.0));
+        }
+        spec.created_ms = at_ms;
+        data.initialized = true;
+        data.config = Some(config);
+        data.spec = Some(spec);
+        data.last_active_ms = at_ms;
+        if c.data.is_none() {
+            data.service_incarnation = c.service_incarnation;
+            data.epoch = 0;
+        }
+        data.coordination.get_or_insert_with(Default::default);
+        data.dispatcher.get_or_insert_with(Default::default);
+        data.closures.get_or_insert_with(Default::default);
+        check_namespace(name, &data).map_err(errors::bad_config)?;
+        Ok(data)
+    }
+
+    fn create_namespace(
+        &mut self,
+        c: &CreateNamespace,
+        at_ms: u64,
+        mut touched: Option<&mut Touched>,
+    ) -> Outcome {
+        let data = match self.check_create(c, at_ms) {
+            Ok(d) => d,
+            Err(e) => return Outcome::err(e),
+        };
+        let name = c.name.as_str();
+        self.data.namespaces.insert(name.to_string(), data);
+        if c.data.is_none() {
+            self.init_areas(name, at_ms);
+        }
+        touch_namespace(&mut touched, name);
+        if let Some(t) = touched {
+            t.namespace_set = true;
+        }
+        Outcome::with_service_incarnation(self.epoch_incarnation(name))
+    }
+
+    fn delete_namespace(
+        &mut self,
+        c: &DeleteNamespace,
+        mut touched: Option<&mut Touched>,
+    ) -> Outcome {
+        let key = namespace_key(&c.name);
+        if key.is_empty() {
+            return Outcome::err(namespace::default_kept());
+        }
+        if self.data.namespaces.remove(key).is_none() {
+            return Outcome::err(namespace::unknown(key));
+        }
+        touch_namespace(&mut touched, key);
+        if let Some(t) = touched {
+            t.namespace_set = true;
+        }
+        Outcome::ok()
     }
 
     // ----------------------------------------------------------- sessions ----
@@ -544,22 +741,28 @@ impl State {
     /// it: the configuration, and each area's part against it.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
         let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
-        data.coordination.get_or_insert_with(Default::default);
+        let c = data.coordination.get_or_insert_with(Default::default);
+        c.kv_bytes = coordination::kv_bytes(c);
         data.dispatcher.get_or_insert_with(Default::default);
         data.closures.get_or_insert_with(Default::default);
         if let Some(c) = &data.config {
             check_config(c).map_err(|e| SnapshotError(e.message))?;
         }
+        for (name, n) in &mut data.namespaces {
+            let c = n.coordination.get_or_insert_with(Default::default);
+            c.kv_bytes = coordination::kv_bytes(c);
+            n.dispatcher.get_or_insert_with(Default::default);
+            n.closures.get_or_insert_with(Default::default);
+            check_namespace(name, n).map_err(SnapshotError)?;
+        }
         let s = State { data };
-        s.coordination_data()
-            .check_snapshot(s.cluster())
-            .map_err(SnapshotError)?;
-        s.dispatcher_data()
-            .check_snapshot(s.cluster())
-            .map_err(SnapshotError)?;
-        s.closures_data()
-            .check_snapshot(s.cluster())
-            .map_err(SnapshotError)?;
+        for n in s.namespaces() {
+            let cl = n.cluster();
+            let named = |e: String| SnapshotError(format!("namespace {}: {e}", n.name()));
+            n.coordination.check_snapshot(cl).map_err(named)?;
+            n.dispatcher.check_snapshot(cl).map_err(named)?;
+            n.closures.check_snapshot(cl).map_err(named)?;
+        }
         Ok(s)
     }
 
@@ -580,58 +783,93 @@ impl State {
 
     // -------------------------------------------------------------- reads ----
 
-    /// The shared part: configuration, service incarnation, job epoch.
+    /// The default namespace.
+    pub fn default_namespace(&self) -> Namespace<'_> {
+        let d = &self.data;
+        Namespace {
+            key: "",
+            initialized: d.initialized,
+            config: d.config.as_ref(),
+            service_incarnation: d.service_incarnation,
+            epoch: d.epoch,
+            spec: None,
+            last_active_ms: 0,
+            // Present from `State::default` and `decode_snapshot` on, the
+            // only ways a state is made.
+            coordination: d
+                .coordination
+                .as_ref()
+                .expect("every area's part is present"),
+            dispatcher: d.dispatcher.as_ref().expect("every area's part is present"),
+            closures: d.closures.as_ref().expect("every area's part is present"),
+        }
+    }
+
+    /// Namespace `name` ("" or `default`: the default one), if it exists.
+    pub fn namespace(&self, name: &str) -> Option<Namespace<'_>> {
+        let key = namespace_key(name);
+        if key.is_empty() {
+            return Some(self.default_namespace());
+        }
+        let (key, n) = self.data.namespaces.get_key_value(key)?;
+        Some(namespace_of(key, n))
+    }
+
+    /// Every namespace, the default one first, then by name.
+    pub fn namespaces(&self) -> impl Iterator<Item = Namespace<'_>> + '_ {
+        std::iter::once(self.default_namespace()).chain(
+            self.data
+                .namespaces
+                .iter()
+                .map(|(key, n)| namespace_of(key, n)),
+        )
+    }
+
+    /// How many namespaces there are, the default one included.
+    pub fn namespace_count(&self) -> usize {
+        1 + self.data.namespaces.len()
+    }
+
+    /// A namespace's whole state as `NamespaceData` (what an export holds);
+    /// `None` if it does not exist.
+    pub fn namespace_data(&self, name: &str) -> Option<NamespaceData> {
+        let key = namespace_key(name);
+        if key.is_empty() {
+            let d = &self.data;
+            return Some(NamespaceData {
+                initialized: d.initialized,
+                config: d.config.clone(),
+                service_incarnation: d.service_incarnation,
+                epoch: d.epoch,
+                spec: None,
+                last_active_ms: 0,
+                coordination: d.coordination.clone(),
+                dispatcher: d.dispatcher.clone(),
+                closures: d.closures.clone(),
+            });
+        }
+        self.data.namespaces.get(key).cloned()
+    }
+
+    /// The default namespace's shared part: configuration, service
+    /// incarnation, job epoch.
     pub fn cluster(&self) -> Cluster<'_> {
-        Cluster {
-            config: self.data.config.as_ref(),
-            service_incarnation: self.data.service_incarnation,
-            epoch: self.data.epoch,
-        }
+        self.default_namespace().cluster()
     }
 
-    /// The coordination area, read-only.
+    /// The default namespace's coordination area, read-only.
     pub fn coordination(&self) -> coordination::Reader<'_> {
-        coordination::Reader {
-            cl: self.cluster(),
-            data: self.coordination_data(),
-        }
+        self.default_namespace().coordination()
     }
 
-    /// The tf.data dispatcher area, read-only.
+    /// The default namespace's tf.data dispatcher area, read-only.
     pub fn dispatcher(&self) -> dispatcher::Reader<'_> {
-        dispatcher::Reader {
-            data: self.dispatcher_data(),
-        }
+        self.default_namespace().dispatcher()
     }
 
-    /// The closure-queue area, read-only.
+    /// The default namespace's closure-queue area, read-only.
     pub fn closures(&self) -> closures::Reader<'_> {
-        closures::Reader {
-            data: self.closures_data(),
-        }
-    }
-
-    fn closures_data(&self) -> &closures::Data {
-        self.data
-            .closures
-            .as_ref()
-            .expect("every area's part is present")
-    }
-
-    fn dispatcher_data(&self) -> &dispatcher::Data {
-        self.data
-            .dispatcher
-            .as_ref()
-            .expect("every area's part is present")
-    }
-
-    fn coordination_data(&self) -> &coordination::Data {
-        // Present from `State::default` and `decode_snapshot` on, the only
-        // ways a state is made.
-        self.data
-            .coordination
-            .as_ref()
-            .expect("every area's part is present")
+        self.default_namespace().closures()
     }
 
     /// Whether an `InitService` has been applied.
@@ -639,12 +877,12 @@ impl State {
         self.data.initialized
     }
 
-    /// The service incarnation (0 before initialisation).
+    /// The default namespace's service incarnation (0 before initialisation).
     pub fn service_incarnation(&self) -> u64 {
         self.data.service_incarnation
     }
 
-    /// The job epoch, bumped by every `ResetJobEpoch`.
+    /// The default namespace's job epoch, bumped by every `ResetJobEpoch`.
     pub fn epoch(&self) -> u64 {
         self.data.epoch
     }
@@ -654,22 +892,23 @@ impl State {
         self.data.applied
     }
 
-    /// The cluster configuration, if initialised.
+    /// The default namespace's configuration, if initialised (it also holds
+    /// the cluster-wide bounds of the exactly-once table).
     pub fn config(&self) -> Option<&ClusterConfig> {
         self.data.config.as_ref()
     }
 
-    /// Number of tasks in the configuration.
+    /// Number of tasks in the default namespace's configuration.
     pub fn task_count(&self) -> u32 {
         self.cluster().task_count()
     }
 
-    /// Dense index of task `id` of job `job`.
+    /// Dense index of task `id` of job `job` (default namespace).
     pub fn task_index(&self, job: &str, id: i32) -> Option<u32> {
         self.cluster().task_index(job, id)
     }
 
-    /// (job, task id) of a dense index.
+    /// (job, task id) of a dense index (default namespace).
     pub fn task_id(&self, index: u32) -> Option<(&str, i32)> {
         self.cluster().task_id(index)
     }
@@ -683,6 +922,92 @@ impl State {
     pub fn label(&self, index: u32) -> String {
         self.cluster().label(index)
     }
+}
+
+/// Namespace `key`'s own parts and the shared call-id counter, borrowed
+/// apart from `data`; `None` if the namespace does not exist.
+fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s mut u64)> {
+    let StateData {
+        initialized,
+        config,
+        service_incarnation,
+        epoch,
+        coordination,
+        dispatcher,
+        closures,
+        namespaces,
+        next_call_id,
+        ..
+    } = data;
+    if key.is_empty() {
+        let parts = Parts {
+            initialized,
+            config,
+            service_incarnation,
+            epoch,
+            spec: None,
+            last_active_ms: None,
+            coordination,
+            dispatcher,
+            closures,
+        };
+        return Some((parts, next_call_id));
+    }
+    let n = namespaces.get_mut(key)?;
+    let parts = Parts {
+        initialized: &mut n.initialized,
+        config: &mut n.config,
+        service_incarnation: &mut n.service_incarnation,
+        epoch: &mut n.epoch,
+        spec: n.spec.as_ref(),
+        last_active_ms: Some(&mut n.last_active_ms),
+        coordination: &mut n.coordination,
+        dispatcher: &mut n.dispatcher,
+        closures: &mut n.closures,
+    };
+    Some((parts, next_call_id))
+}
+
+/// The view of namespace `key` stored as `n`.
+fn namespace_of<'a>(key: &'a str, n: &'a NamespaceData) -> Namespace<'a> {
+    Namespace {
+        key,
+        initialized: n.initialized,
+        config: n.config.as_ref(),
+        service_incarnation: n.service_incarnation,
+        epoch: n.epoch,
+        spec: n.spec.as_ref(),
+        last_active_ms: n.last_active_ms,
+        coordination: n
+            .coordination
+            .as_ref()
+            .expect("every area's part is present"),
+        dispatcher: n.dispatcher.as_ref().expect("every area's part is present"),
+        closures: n.closures.as_ref().expect("every area's part is present"),
+    }
+}
+
+/// A namespace other than the default one: a valid name, configured, with
+/// a valid configuration and every area's part.
+fn check_namespace(name: &str, n: &NamespaceData) -> Result<(), String> {
+    if !namespace::valid_name(name) || name == namespace::DEFAULT_NAMESPACE {
+        return Err(format!("namespace {name:?}: not a valid namespace name"));
+    }
+    if !n.initialized || n.config.is_none() || n.spec.is_none() {
+        return Err(format!("namespace {name}: not configured"));
+    }
+    if let Some(c) = &n.config {
+        check_config(c).map_err(|e| format!("namespace {name}: {}", e.message))?;
+    }
+    if n.coordination.is_none() || n.dispatcher.is_none() || n.closures.is_none() {
+        return Err(format!("namespace {name}: an area's part is missing"));
+    }
+    Ok(())
+}
+
+/// Tasks of a configuration.
+fn total_tasks(c: &ClusterConfig) -> u64 {
+    c.jobs.iter().map(|j| u64::from(j.count)).sum()
 }
 
 /// A configuration must name each job once and hold at most [`MAX_TASKS`].
@@ -704,10 +1029,10 @@ fn check_config(c: &ClusterConfig) -> Result<(), DomainError> {
     Ok(())
 }
 
-/// Records a change that concerns every waiter.
-fn touch_all(touched: &mut Option<&mut Touched>) {
+/// Records a change that concerns every waiter of namespace `key`.
+fn touch_namespace(touched: &mut Option<&mut Touched>, key: &str) {
     if let Some(t) = touched.as_deref_mut() {
-        t.all = true;
+        t.namespaces.push(key.to_string());
     }
 }
 

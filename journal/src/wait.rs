@@ -17,6 +17,7 @@ use bytes::Bytes;
 
 pub use crate::area::{Object, Touched};
 use crate::coordination::{self, AliveTasks};
+use crate::namespace::{self, namespace_key, Namespace};
 use crate::pb::closures::Assigned;
 use crate::pb::DomainError;
 use crate::State;
@@ -189,9 +190,9 @@ impl Wait {
         }
     }
 
-    /// The objects whose changes may change this wait's answer, in the
-    /// state `s` (which names the shutdown and device barriers).
-    pub fn objects(&self, s: &State) -> Vec<Object> {
+    /// The objects whose changes may change this wait's answer, in its
+    /// namespace `s` (which names the shutdown and device barriers).
+    pub fn objects(&self, s: &Namespace<'_>) -> Vec<Object> {
         let inc = s.service_incarnation();
         match self {
             Wait::Registration { task, .. } => vec![
@@ -216,6 +217,18 @@ impl Wait {
         }
     }
 
+    /// Whether the call that waits is a coordination call (else a closure
+    /// queue's).
+    pub fn is_coordination(&self) -> bool {
+        !matches!(
+            self,
+            Wait::ClosurePut { .. }
+                | Wait::ClosureGet { .. }
+                | Wait::ClosuresSettled { .. }
+                | Wait::JoinReady { .. }
+        )
+    }
+
     /// The label of the kind of call that waits (metrics).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -235,21 +248,28 @@ impl Wait {
 }
 
 impl State {
-    /// The answer of a parked call waiting for `wait`, or `None` while it
-    /// keeps waiting. A wait that belongs to job `epoch` (a coordination
-    /// call, which named its tasks in that epoch) ends with ABORTED once
-    /// another epoch began. `wait` is `mut` for the progress a fetch keeps
-    /// ([`Wait::ClosuresSettled`]).
+    /// The answer of a call parked in namespace `ns` waiting for `wait`, or
+    /// `None` while it keeps waiting. A wait that belongs to job `epoch` (a
+    /// coordination call, which named its tasks in that epoch) ends with
+    /// ABORTED once another epoch began; every wait of a namespace that was
+    /// deleted ends at once (UNAVAILABLE for a coordination call, NOT_FOUND
+    /// for a closure queue's). `wait` is `mut` for the progress a fetch
+    /// keeps ([`Wait::ClosuresSettled`]).
     pub fn wait_result(
         &self,
+        ns: &str,
         epoch: Option<u64>,
         wait: &mut Wait,
     ) -> Option<Result<Answer, DomainError>> {
-        if epoch.is_some_and(|e| e != self.epoch()) {
+        let Some(n) = self.namespace(ns) else {
+            let coordination = wait.is_coordination();
+            return Some(Err(namespace::deleted(namespace_key(ns), coordination)));
+        };
+        if epoch.is_some_and(|e| e != n.epoch()) {
             return Some(Err(crate::errors::epoch_reset()));
         }
-        let c = self.coordination();
-        let q = self.closures();
+        let c = n.coordination();
+        let q = n.closures();
         match wait {
             Wait::Registration { task, incarnation } => c
                 .registration_result(*task, *incarnation)

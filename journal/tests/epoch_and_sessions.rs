@@ -327,6 +327,7 @@ fn a_command_naming_tasks_of_an_earlier_epoch_is_refused_without_change() {
     ));
     let snapshot = s.clone();
     let stale = s.apply(&Update {
+        namespace: String::new(),
         origin: None,
         at_ms: 3100,
         epoch: Some(before),
@@ -351,6 +352,7 @@ fn a_command_naming_tasks_of_an_earlier_epoch_is_refused_without_change() {
     // The same command named in the current epoch applies (task 1 is not
     // connected in the new job: the ordinary answer).
     let current = s.apply(&Update {
+        namespace: String::new(),
         origin: None,
         at_ms: 3200,
         epoch: Some(before + 1),

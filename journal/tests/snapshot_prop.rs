@@ -129,6 +129,7 @@ fn build(seq: &[Step], recoverable: bool) -> Vec<Update> {
     for (cmd, dt, origin) in seq {
         at += dt;
         out.push(Update {
+            namespace: String::new(),
             origin: origin.map(|(client_id, seq)| Origin {
                 client_id,
                 seq,
@@ -211,11 +212,16 @@ proptest! {
             let mut touched = journal::Touched::default();
             let out = s.apply_traced(u, &mut touched);
             for w in &mut waiters {
-                let now = s.wait_result(None, &mut w.wait);
+                let now = s.wait_result("", None, &mut w.wait);
                 if now != w.answer {
-                    let objects = w.wait.objects(&s);
+                    let objects = w.wait.objects(&s.default_namespace());
+                    let default = |ns: &String| ns.is_empty();
                     prop_assert!(
-                        touched.all || objects.iter().any(|o| touched.objects.contains(o)),
+                        touched.all
+                            || touched.namespaces.iter().any(default)
+                            || objects
+                                .iter()
+                                .any(|o| touched.objects.iter().any(|(ns, t)| default(ns) && t == o)),
                         "{:?} changed from {:?} to {:?} after {:?}, which touched only {:?}",
                         w.wait, w.answer, now, u.command, touched
                     );
@@ -228,7 +234,7 @@ proptest! {
             }
             new.push(journal::Wait::TaskStates { version: s.coordination().tasks_version() });
             for mut wait in new {
-                let answer = s.wait_result(None, &mut wait);
+                let answer = s.wait_result("", None, &mut wait);
                 waiters.push(Waiter { wait, answer });
             }
         }

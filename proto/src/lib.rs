@@ -64,6 +64,11 @@ pub mod origin;
 /// instead of applying the call twice.
 pub const ORIGIN_HEADER: &str = "x-coordstore-origin";
 
+/// gRPC metadata key naming the namespace a call acts in, for coordstore's
+/// own clients on a node's main port (stock clients pick their namespace by
+/// its port). Without it a call acts in the default namespace.
+pub const NAMESPACE_HEADER: &str = "x-coordstore-namespace";
+
 /// Map keys of [`payloads::GrpcPayloadContainer::payloads`] as stock clients read them.
 /// The values are serialized messages of the dialect's own package despite the
 /// `tensorflow.` in the key.

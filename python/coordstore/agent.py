@@ -67,7 +67,8 @@ class Watch:
 class Agent:
     """The coordination agent of task ``task_id`` of job ``job_name``.
 
-    ``endpoints`` names every node (``HOST:PORT``). ``on_error`` is called
+    ``endpoints`` names every node (``HOST:PORT``); ``namespace`` the
+    namespace of the task's job (``None``: the default one). ``on_error`` is called
     (from a background thread) with a :class:`coordstore.errors.CoordstoreError`
     whenever the agent enters ERROR: an error this task reported, or one the
     service propagated from another task.
@@ -82,6 +83,7 @@ class Agent:
         heartbeat_interval: float = 10.0,
         retry_for: float = 300.0,
         on_error: Optional[Callable[[CoordstoreError], None]] = None,
+        namespace: Optional[str] = None,
     ) -> None:
         self._a = _native.Agent(
             list(endpoints),
@@ -90,6 +92,7 @@ class Agent:
             heartbeat_interval_s=heartbeat_interval,
             retry_for_s=retry_for,
             on_error=on_error,
+            namespace=namespace,
         )
 
     @property

@@ -93,11 +93,13 @@ class ClusterCoordinator:
         max_queued: Optional[int] = None,
         max_payload_bytes: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
+        namespace: Optional[str] = None,
         _native_coordinator: Optional[_native.Coordinator] = None,
     ) -> None:
         self.endpoints = list(endpoints)
         self.queue = queue
         self.tag = tag
+        self.namespace = namespace
         self._native = _native_coordinator or _native.Coordinator.create(
             self.endpoints,
             queue,
@@ -106,14 +108,21 @@ class ClusterCoordinator:
             max_queued=max_queued,
             max_payload_bytes=max_payload_bytes,
             max_result_bytes=max_result_bytes,
+            namespace=namespace,
         )
 
     @classmethod
-    def attach(cls, endpoints: Sequence[str], queue: str, tag: str = "coordinator") -> "ClusterCoordinator":
+    def attach(
+        cls,
+        endpoints: Sequence[str],
+        queue: str,
+        tag: str = "coordinator",
+        namespace: Optional[str] = None,
+    ) -> "ClusterCoordinator":
         """Takes over queue ``queue`` from a coordinator that died: use the
         same ``tag`` and :meth:`scheduled` finds what it scheduled."""
-        native = _native.Coordinator.create(list(endpoints), queue, tag)
-        return cls(endpoints, queue, tag=tag, _native_coordinator=native)
+        native = _native.Coordinator.create(list(endpoints), queue, tag, namespace=namespace)
+        return cls(endpoints, queue, tag=tag, namespace=namespace, _native_coordinator=native)
 
     def schedule(
         self,

@@ -69,10 +69,12 @@ def run(
     name: Optional[str] = None,
     prefetch: int = 1,
     stop: Optional[threading.Event] = None,
+    namespace: Optional[str] = None,
 ) -> None:
-    """Runs closures of ``queue`` until ``stop`` is set (or forever)."""
+    """Runs closures of ``queue`` (in ``namespace``; ``None``: the default
+    one) until ``stop`` is set (or forever)."""
     name = name or f"{socket.gethostname()}-{os.getpid()}"
-    worker = _native.Worker(list(endpoints), queue, name)
+    worker = _native.Worker(list(endpoints), queue, name, namespace=namespace)
     waiting_for_queue = False
     while stop is None or not stop.is_set():
         try:
@@ -113,8 +115,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--endpoints", required=True, help="every node, HOST:PORT,...")
     p.add_argument("--name", help="this worker's name (default: HOST-PID)")
     p.add_argument("--prefetch", type=int, default=1, help="closures taken per get (default 1)")
+    p.add_argument("--namespace", help="the queue's namespace (default: the default one)")
     a = p.parse_args(argv)
-    run(a.endpoints.split(","), a.queue, a.name, a.prefetch)
+    run(a.endpoints.split(","), a.queue, a.name, a.prefetch, namespace=a.namespace)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ struct Agent {
 #[pymethods]
 impl Agent {
     #[new]
-    #[pyo3(signature = (endpoints, job_name, task_id, *, heartbeat_interval_s = 10.0, retry_for_s = 300.0, on_error = None))]
+    #[pyo3(signature = (endpoints, job_name, task_id, *, heartbeat_interval_s = 10.0, retry_for_s = 300.0, on_error = None, namespace = None))]
     fn new(
         endpoints: Vec<String>,
         job_name: &str,
@@ -117,9 +117,11 @@ impl Agent {
         heartbeat_interval_s: f64,
         retry_for_s: f64,
         on_error: Option<Py<PyAny>>,
+        namespace: Option<String>,
     ) -> PyResult<Agent> {
         let _rt = runtime().enter();
         let mut cfg = AgentConfig::new(endpoints, job_name, task_id);
+        cfg.namespace = namespace;
         cfg.heartbeat_interval = timeout(Some(heartbeat_interval_s))?.unwrap_or_default();
         cfg.retry_for = timeout(Some(retry_for_s))?.unwrap_or_default();
         let on_error: agent::ErrorCallback = Arc::new(move |s: &Status| {
@@ -413,7 +415,7 @@ impl Coordinator {
     /// Creates queue `queue` (or checks an existing one has this config;
     /// with no limit given, attaches to it as it is).
     #[staticmethod]
-    #[pyo3(signature = (endpoints, queue, tag, *, lease_s = None, max_queued = None, max_closures = None, max_payload_bytes = None, max_result_bytes = None))]
+    #[pyo3(signature = (endpoints, queue, tag, *, lease_s = None, max_queued = None, max_closures = None, max_payload_bytes = None, max_result_bytes = None, namespace = None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -425,6 +427,7 @@ impl Coordinator {
         max_closures: Option<u64>,
         max_payload_bytes: Option<u64>,
         max_result_bytes: Option<u64>,
+        namespace: Option<String>,
     ) -> PyResult<Coordinator> {
         let given = lease_s.is_some()
             || max_queued.is_some()
@@ -440,7 +443,7 @@ impl Coordinator {
         });
         let inner = wait(
             py,
-            cl::Coordinator::create(&endpoints, &queue, config, &tag),
+            cl::Coordinator::create_in(&endpoints, namespace.as_deref(), &queue, config, &tag),
         )?
         .map_err(closure_err)?;
         Ok(Coordinator { inner })
@@ -526,9 +529,16 @@ type Leased = (u64, Py<PyBytes>, u32, String);
 #[pymethods]
 impl Worker {
     #[new]
-    fn new(endpoints: Vec<String>, queue: &str, name: &str) -> PyResult<Worker> {
+    #[pyo3(signature = (endpoints, queue, name, *, namespace = None))]
+    fn new(
+        endpoints: Vec<String>,
+        queue: &str,
+        name: &str,
+        namespace: Option<String>,
+    ) -> PyResult<Worker> {
         let _rt = runtime().enter();
-        let inner = cl::Worker::new(&endpoints, queue, name).map_err(err)?;
+        let inner =
+            cl::Worker::new_in(&endpoints, namespace.as_deref(), queue, name).map_err(err)?;
         Ok(Worker { inner })
     }
 

@@ -15,7 +15,7 @@
 //! * [`cli`] — a node's configuration and the operator CLI.
 //!
 //! [`node::start`] assembles all of it and serves it on one port, beside
-//! the Raft peer service.
+//! the Raft peer service; [`ports`] serves every namespace on its own port.
 
 pub mod areas;
 pub mod cli;
@@ -23,4 +23,5 @@ pub mod core;
 pub mod duties;
 pub mod node;
 pub mod ops;
+pub mod ports;
 pub mod wire;

@@ -51,6 +51,9 @@ enum Cmd {
         /// Every node: HOST:PORT,HOST:PORT,...
         #[arg(long, value_delimiter = ',', required = true)]
         endpoints: Vec<String>,
+        /// Relay every call into this namespace [default: the default one]
+        #[arg(long)]
+        namespace: Option<String>,
         #[command(flatten)]
         tls: TlsDial,
     },
@@ -78,6 +81,10 @@ enum Cmd {
         /// A node's HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:7470")]
         endpoint: String,
+        /// The namespace of the kv, tasks, barriers, tfdata and reset-job
+        /// verbs [default: the default namespace]
+        #[arg(long)]
+        namespace: Option<String>,
         #[command(flatten)]
         tls: TlsDial,
         #[command(subcommand)]
@@ -155,9 +162,11 @@ fn main() -> ExitCode {
         Cmd::Relay {
             listen,
             endpoints,
+            namespace,
             tls,
         } => {
             let mut cfg = agent::relay::RelayConfig::new(endpoints);
+            cfg.namespace = namespace;
             cfg.tls = match tls.load() {
                 Ok(t) => t,
                 Err(e) => {
@@ -188,6 +197,7 @@ fn main() -> ExitCode {
         },
         Cmd::Ctl {
             endpoint,
+            namespace,
             tls,
             command,
         } => {
@@ -198,7 +208,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match rt.block_on(service::cli::ctl::run(&endpoint, tls, command)) {
+            match rt.block_on(service::cli::ctl::run(&endpoint, tls, namespace, command)) {
                 Ok(out) => print_out("ctl", &out),
                 Err(e) => {
                     eprintln!("coordstore ctl: {e}");

@@ -13,13 +13,16 @@ use tokio::task::JoinHandle;
 
 use crate::areas::{closures::Closures, coordination::Coordination, dispatcher::Dispatcher};
 use crate::cli::config::ServeConfig;
+use crate::core::call::{PeerPort, Tag};
+use crate::core::namespaces::{NamespacePolicy, Namespaces};
 use crate::core::{Core, LocalLeader, Parking, Router};
 use crate::duties::{
     closures::ClosuresDuty, cluster::ClusterDuty, coordination::CoordinationDuty,
-    dispatcher::DispatcherDuty, LeaderRuntime,
+    dispatcher::DispatcherDuty, namespaces::NamespaceDuty, LeaderRuntime,
 };
 use crate::ops::http;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
+use crate::ports;
 use crate::wire::{
     agent::AgentApi, closures::ClosureApi, node::NodeApi, tf::TfService, tfdata::TfDataService,
     xla::XlaService,
@@ -105,6 +108,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         coordination_duty.clone(),
         dispatcher_duty.clone(),
         Arc::new(ClosuresDuty),
+        Arc::new(NamespaceDuty),
     ]));
     let parking = Parking::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls);
     let router = Router::new(
@@ -118,7 +122,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         parking,
         Duration::from_millis(cfg.leader_wait_ms),
     ));
-    let metrics = Arc::new(Metrics::new(&core));
+    let metrics = Arc::new(Metrics::new(&core).with_namespace_series(cfg.metrics_namespaces));
     let metrics_listener = bind_optional(&cfg.metrics_listen).await?;
 
     let coordination = Coordination::new(core.clone(), coordination_duty);
@@ -129,6 +133,22 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     ));
     let closures = Closures::new(core.clone());
     let max = cfg.max_message_bytes;
+    let namespaces = Arc::new(Namespaces::new(
+        core.clone(),
+        NamespacePolicy {
+            ports: cfg.namespace_ports,
+            max_namespaces: cfg.max_namespaces,
+            host: addr.ip().to_string(),
+        },
+    ));
+    let ports = ports::Services {
+        coordination: coordination.clone(),
+        dispatcher: dispatcher.clone(),
+        closures: closures.clone(),
+        max_message_bytes: max,
+        metrics: metrics.clone(),
+        tls: cfg.client_tls.clone(),
+    };
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (health_reporter, health) = tonic_health::server::health_reporter();
     let mut builder = tonic::transport::Server::builder()
@@ -151,8 +171,13 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             }
             let peers = builder
                 .layer(GrpcMetricsLayer(metrics.clone()))
+                .layer(Tag(PeerPort))
                 .add_service(node.peer_service())
-                .add_service(NodeApi::server(coordination.clone(), max));
+                .add_service(NodeApi::server(
+                    coordination.clone(),
+                    namespaces.clone(),
+                    max,
+                ));
             let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
             Some(tokio::spawn(async move {
                 if let Err(e) = peers.serve_with_incoming(incoming).await {
@@ -165,7 +190,11 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         .layer(GrpcMetricsLayer(metrics.clone()))
         .add_service(health)
         .add_optional_service(peer_server.is_none().then(|| node.peer_service()))
-        .add_service(NodeApi::server(coordination.clone(), max))
+        .add_service(NodeApi::server(
+            coordination.clone(),
+            namespaces.clone(),
+            max,
+        ))
         .add_service(XlaService::server(coordination.clone(), max))
         .add_service(TfService::server(coordination.clone(), max))
         .add_service(TfDataService::server(dispatcher, max))
@@ -186,6 +215,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     let mut tasks = vec![
         tokio::spawn(duties.run(leader)),
         tokio::spawn(http::report_health(core.clone(), health_reporter)),
+        tokio::spawn(ports::run(core.clone(), namespaces, ports)),
     ];
     tasks.extend(peer_server);
     if let Some(l) = metrics_listener {

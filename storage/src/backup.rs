@@ -171,6 +171,113 @@ impl Backup {
     }
 }
 
+/// First line of a namespace export file.
+const EXPORT_MAGIC: &[u8] = b"COORDSTORE-NAMESPACE 1\n";
+
+/// What a namespace export file says about the namespace it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportHeader {
+    /// The namespace's name in the cluster it came from.
+    pub name: String,
+    /// The log index it was read at.
+    pub index: u64,
+    /// The journal format of the encoded namespace.
+    pub format: u32,
+    /// The cluster it was exported from.
+    pub cluster_id: String,
+    /// Bytes of encoded namespace.
+    pub size: u64,
+    /// SHA-256 of the encoded namespace, hex.
+    pub sha256: String,
+    /// When it was exported (ms since the epoch, the exporting node's clock).
+    pub saved_at_ms: u64,
+}
+
+/// One namespace moved between clusters (`coordstore ctl ns export` /
+/// `import`): the line `COORDSTORE-NAMESPACE 1`, one line of JSON
+/// ([`ExportHeader`]), then the namespace's encoded state (a
+/// `journal::pb::NamespaceData`). Reading it checks the form, the size, the
+/// checksum, the format and that the namespace decodes.
+#[derive(Clone, Debug)]
+pub struct Export {
+    /// What the file says about the namespace.
+    pub header: ExportHeader,
+    /// The encoded `NamespaceData`.
+    pub data: Vec<u8>,
+}
+
+impl Export {
+    /// An export of `data` (an encoded `NamespaceData`) named `name`, read
+    /// at `index` of `cluster_id`.
+    pub fn new(name: &str, data: Vec<u8>, index: u64, cluster_id: &str, saved_at_ms: u64) -> Self {
+        Export {
+            header: ExportHeader {
+                name: name.to_string(),
+                index,
+                format: journal::FORMAT_VERSION,
+                cluster_id: cluster_id.to_string(),
+                size: data.len() as u64,
+                sha256: sha256_hex(&data),
+                saved_at_ms,
+            },
+            data,
+        }
+    }
+
+    /// The file's bytes.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let header = serde_json::to_vec(&self.header).map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(EXPORT_MAGIC.len() + header.len() + 1 + self.data.len());
+        out.extend_from_slice(EXPORT_MAGIC);
+        out.extend_from_slice(&header);
+        out.push(b'\n');
+        out.extend_from_slice(&self.data);
+        Ok(out)
+    }
+
+    /// Reads and checks an export file's bytes; the namespace's state.
+    pub fn parse(mut raw: Vec<u8>) -> Result<(Export, journal::pb::NamespaceData), String> {
+        if !raw.starts_with(EXPORT_MAGIC) {
+            return Err(
+                "not a coordstore namespace export (no COORDSTORE-NAMESPACE 1 line)".into(),
+            );
+        }
+        let rest = &raw[EXPORT_MAGIC.len()..];
+        let eol = rest
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or("the header line is cut off (truncated file)")?;
+        let header: ExportHeader = serde_json::from_slice(&rest[..eol])
+            .map_err(|e| format!("the header is corrupted: {e}"))?;
+        let start = EXPORT_MAGIC.len() + eol + 1;
+        let have = (raw.len() - start) as u64;
+        if have != header.size {
+            return Err(format!(
+                "the file holds {have} bytes of namespace, its header says {} (truncated or corrupted)",
+                header.size
+            ));
+        }
+        let data = raw.split_off(start);
+        let sum = sha256_hex(&data);
+        if sum != header.sha256 {
+            return Err(format!(
+                "checksum mismatch: the namespace's SHA-256 is {sum}, the header says {} (corrupted)",
+                header.sha256
+            ));
+        }
+        if header.format != journal::FORMAT_VERSION {
+            return Err(format!(
+                "it holds journal format {}, and this coordstore reads format {}",
+                header.format,
+                journal::FORMAT_VERSION
+            ));
+        }
+        let ns = <journal::pb::NamespaceData as prost::Message>::decode(data.as_slice())
+            .map_err(|e| format!("the namespace does not decode: {e}"))?;
+        Ok((Export { header, data }, ns))
+    }
+}
+
 /// Seeds the data dir of node `identity.node_id` of a new cluster
 /// (`identity.cluster_id`, which must differ from the backup's) whose
 /// voting members are `members` (id → address): the backup's state becomes

@@ -556,14 +556,14 @@ async fn an_observer_sees_each_change_before_it_is_published_and_the_stop() {
     assert_eq!(*recorder.seen.lock().unwrap(), vec![(2, 2), (5, 2), (1, 5)]);
     // What changed: everything at the start, the three keys the applies
     // wrote, everything at the install.
-    let keys = ["k3", "k4", "k5"].map(|k| journal::Object::Key(k.into()));
+    let keys = ["k3", "k4", "k5"].map(|k| (String::new(), journal::Object::Key(k.into())));
     assert_eq!(
         *recorder.touched.lock().unwrap(),
         vec![
             journal::Touched::everything(),
             journal::Touched {
-                all: false,
-                objects: keys.to_vec()
+                objects: keys.to_vec(),
+                ..Default::default()
             },
             journal::Touched::everything(),
         ]

@@ -5,6 +5,7 @@
 //! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
 
 pub mod lazyfs;
+pub mod ns;
 pub mod pki;
 pub mod proxy;
 pub mod workload;
@@ -65,10 +66,55 @@ pub fn coordstore_bin() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
+    free_port_on("127.0.0.1")
+}
+
+/// A free TCP port on loopback address `host` (bound, then released).
+pub fn free_port_on(host: &str) -> u16 {
+    std::net::TcpListener::bind((host, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// `n` consecutive ports free on every loopback address of `hosts`
+/// (checked by binding each, then released): (first, last).
+pub fn free_port_range(hosts: &[&str], n: u16) -> (u16, u16) {
+    for _ in 0..200 {
+        let low = 20_000 + rand::random::<u16>() % 30_000;
+        let high = low + n - 1;
+        let all_free = (low..=high).all(|p| {
+            hosts
+                .iter()
+                .all(|h| std::net::TcpListener::bind((*h, p)).is_ok())
+        });
+        if all_free {
+            return (low, high);
+        }
+    }
+    panic!("no {n} consecutive free ports on {hosts:?}");
+}
+
+/// Runs `coordstore ARGS` to its end: (succeeded, stdout, stderr).
+pub async fn coordstore_cli(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(coordstore_bin())
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run coordstore");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The loopback address of node index `i` in a cluster whose nodes each
+/// have their own (127.0.0.1, 127.0.0.2, ...): namespace ports are the same
+/// on every node, so nodes on one machine need an address each.
+pub fn node_host(i: usize) -> String {
+    format!("127.0.0.{}", i + 1)
 }
 
 /// GET `path` from `addr` over HTTP/1.0 (a node's `--metrics-listen`
@@ -250,6 +296,30 @@ impl Cluster {
         per_node: impl Fn(usize) -> Vec<String>,
     ) -> Cluster {
         Self::start_with(addrs, extra, per_node, None)
+    }
+
+    /// Starts `n` nodes, node index `i` on loopback address
+    /// [`node_host`]`(i)` (so each can serve namespace ports).
+    pub fn start_hosts(n: usize, extra: &[&str]) -> Cluster {
+        let addrs: Vec<String> = (0..n)
+            .map(|i| {
+                let host = node_host(i);
+                format!("{host}:{}", free_port_on(&host))
+            })
+            .collect();
+        Self::start_at(&addrs, extra, |_| Vec::new())
+    }
+
+    /// The hosts of the nodes (their listen addresses without the port).
+    pub fn hosts(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                n.addr
+                    .rsplit_once(':')
+                    .map_or(n.addr.clone(), |(h, _)| h.to_string())
+            })
+            .collect()
     }
 
     /// Starts `n` nodes whose data dirs live under `data_root` (logs stay

@@ -9,25 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use coordstore_tests::coordstore_cli as coordstore;
 use coordstore_tests::{coordstore_bin, free_port, kv_get, try_status, Cluster, Writer};
 
 /// Acknowledged puts: key, value, when acknowledged.
 type Acked = Arc<Mutex<Vec<(String, String, Instant)>>>;
-
-/// Runs `coordstore ARGS`: (success, stdout, stderr).
-async fn coordstore(args: &[&str]) -> (bool, String, String) {
-    let out = tokio::process::Command::new(coordstore_bin())
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run coordstore");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// Restores `file` as node `id` of `cluster` into `dir`.
 async fn restore(

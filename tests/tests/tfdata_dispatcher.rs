@@ -52,6 +52,13 @@ fn heartbeat(address: &str, current: &[i64]) -> WorkerHeartbeatRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_and_errors_as_tf_callers_expect() {
     let cluster = Cluster::start(1, &["--tfdata-version", "7"]);
+    // The first leader configures the service (InitService) on its first
+    // tick; tf.data calls do not wait for it, so wait here: the count of
+    // applied entries below must not see it land.
+    coordstore_tests::wait_state(&cluster.nodes[0].addr, Duration::from_secs(60), |s| {
+        s.is_initialized()
+    })
+    .await;
     let mut c = client(&cluster.nodes[0].addr).await;
     let v = c.get_version(GetVersionRequest {}).await.unwrap();
     assert_eq!(v.into_inner().version, 7);

@@ -28,6 +28,7 @@ fn as_forwarded(update: Update) -> tonic::Request<ProposeRequest> {
 
 fn update(command: Command, at_ms: u64) -> Update {
     Update {
+        namespace: String::new(),
         origin: None,
         at_ms,
         epoch: None,

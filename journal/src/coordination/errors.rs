@@ -232,10 +232,22 @@ pub(crate) fn increment_overflow(key: &str) -> DomainError {
     )
 }
 
-pub(crate) fn too_many_keys(limit: u64) -> DomainError {
+pub(crate) fn too_many_keys(namespace: &str, limit: u64) -> DomainError {
+    let message = format!("the key-value store already holds its limit of {limit} keys");
+    let message = match namespace {
+        "" => message,
+        ns => format!("namespace {ns}: {message} (--max-keys)"),
+    };
+    with_payload(Code::ResourceExhausted, message)
+}
+
+pub(crate) fn too_many_bytes(namespace: &str, bytes: u64, limit: u64) -> DomainError {
     with_payload(
         Code::ResourceExhausted,
-        format!("the key-value store already holds its limit of {limit} keys"),
+        format!(
+            "namespace {namespace}: the key-value store would hold {bytes} bytes of keys and \
+             values, over its limit of {limit} (--max-bytes)"
+        ),
     )
 }
 

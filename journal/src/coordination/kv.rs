@@ -30,10 +30,28 @@ fn event_bytes(e: &KvEvent) -> u64 {
     (e.key.len() + e.value.len() + 16) as u64
 }
 
+/// Bytes a key and its value count for the namespace's bound.
+fn entry_bytes(key: &str, value: &[u8]) -> u64 {
+    (key.len() + value.len()) as u64
+}
+
+/// Bytes of every key and value in the store (what `kv_bytes` holds).
+pub fn kv_bytes(d: &super::Data) -> u64 {
+    d.kv.iter().map(|(k, r)| entry_bytes(k, &r.value)).sum()
+}
+
 /// The rules the store keeps: no record is newer than the store's revision
 /// nor modified before it was created; the history is ordered, starts at
-/// its declared start and ends at or before the revision.
+/// its declared start and ends at or before the revision; `kv_bytes`
+/// counts every key and value.
 pub(crate) fn check_store(d: &super::Data) -> Result<(), String> {
+    if d.kv_bytes != kv_bytes(d) {
+        return Err(format!(
+            "the store counts {} bytes of keys and values and holds {}",
+            d.kv_bytes,
+            kv_bytes(d)
+        ));
+    }
     for (key, r) in &d.kv {
         if r.mod_revision > d.kv_revision || r.create_revision > r.mod_revision {
             return Err(format!("key {key}: revisions out of order"));
@@ -57,42 +75,83 @@ pub(crate) fn check_store(d: &super::Data) -> Result<(), String> {
 }
 
 impl Writer<'_, '_> {
-    pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
-        let key = normalize_key(&c.key);
+    /// Refuses a write that takes the store from `before` to `after` bytes
+    /// past the namespace's bound (a write that shrinks it always passes).
+    fn check_bytes(&self, before: u64, after: u64) -> Result<(), crate::DomainError> {
+        let max = self.cl.max_bytes;
+        if max > 0 && after > max && after > before {
+            return Err(errors::too_many_bytes(self.cl.namespace(), after, max));
+        }
+        Ok(())
+    }
+
+    /// Refuses a new key past the namespace's bound on keys.
+    fn check_keys(&self) -> Result<(), crate::DomainError> {
         let limit = self.cl.cfg().max_keys;
-        let rev = self.data.kv_revision + 1;
+        if limit > 0 && self.data.kv.len() as u64 >= limit {
+            return Err(errors::too_many_keys(self.cl.namespace, limit));
+        }
+        Ok(())
+    }
+
+    /// Sets `key` (normalised) to `value` at revision `rev`, counted in the
+    /// store's bytes and its history.
+    fn kv_set(&mut self, key: String, value: &Bytes, rev: u64) {
+        self.record_event(rev, &key, value, false);
+        let added = entry_bytes(&key, value);
         match self.data.kv.get_mut(&key) {
-            Some(_) if !c.allow_overwrite => return Outcome::err(errors::key_exists(&key)),
             Some(e) => {
-                e.value = c.value.clone();
+                self.data.kv_bytes -= entry_bytes(&key, &e.value);
+                e.value = value.clone();
                 e.mod_revision = rev;
-                self.record_event(rev, &key, &c.value, false);
             }
             None => {
-                if limit > 0 && self.data.kv.len() as u64 >= limit {
-                    return Outcome::err(errors::too_many_keys(limit));
-                }
-                self.record_event(rev, &key, &c.value, false);
                 self.data.kv.insert(
                     key,
                     KvRecord {
-                        value: c.value.clone(),
+                        value: value.clone(),
                         create_revision: rev,
                         mod_revision: rev,
                     },
                 );
             }
         }
+        self.data.kv_bytes += added;
         self.data.kv_revision = rev;
+    }
+
+    /// What the store's bytes become when `key` is set to `value`.
+    fn bytes_with(&self, key: &str, value: &[u8]) -> u64 {
+        let old = self
+            .data
+            .kv
+            .get(key)
+            .map_or(0, |e| entry_bytes(key, &e.value));
+        self.data.kv_bytes - old + entry_bytes(key, value)
+    }
+
+    pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
+        let key = normalize_key(&c.key);
+        let exists = self.data.kv.contains_key(&key);
+        if exists && !c.allow_overwrite {
+            return Outcome::err(errors::key_exists(&key));
+        }
+        let checked = if exists { Ok(()) } else { self.check_keys() }
+            .and_then(|()| self.check_bytes(self.data.kv_bytes, self.bytes_with(&key, &c.value)));
+        if let Err(e) = checked {
+            return Outcome::err(e);
+        }
+        let rev = self.data.kv_revision + 1;
+        self.kv_set(key, &c.value, rev);
         Outcome::ok()
     }
 
     /// Deletes the key and everything under it; deleting nothing is OK.
     pub(crate) fn kv_delete(&mut self, key: &str) -> Outcome {
         let key = normalize_key(key);
-        let mut removed: Vec<String> = Vec::new();
-        if self.data.kv.remove(&key).is_some() {
-            removed.push(key.clone());
+        let mut removed: Vec<(String, KvRecord)> = Vec::new();
+        if let Some(r) = self.data.kv.remove(&key) {
+            removed.push((key.clone(), r));
         }
         if let Some(prefix) = dir_prefix(&key) {
             let under: Vec<String> = self
@@ -103,13 +162,15 @@ impl Writer<'_, '_> {
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in under {
-                self.data.kv.remove(&k);
-                removed.push(k);
+                if let Some(r) = self.data.kv.remove(&k) {
+                    removed.push((k, r));
+                }
             }
         }
         if !removed.is_empty() {
             let rev = self.data.kv_revision + 1;
-            for k in &removed {
+            for (k, r) in &removed {
+                self.data.kv_bytes -= entry_bytes(k, &r.value);
                 self.record_event(rev, k, &Bytes::new(), true);
             }
             self.data.kv_revision = rev;
@@ -185,26 +246,15 @@ impl Writer<'_, '_> {
         let Some(next) = current.checked_add(increment) else {
             return Outcome::err(errors::increment_overflow(&key));
         };
-        let limit = self.cl.cfg().max_keys;
-        if !self.data.kv.contains_key(&key) && limit > 0 && self.data.kv.len() as u64 >= limit {
-            return Outcome::err(errors::too_many_keys(limit));
+        let value = Bytes::from(next.to_string());
+        let exists = self.data.kv.contains_key(&key);
+        let checked = if exists { Ok(()) } else { self.check_keys() }
+            .and_then(|()| self.check_bytes(self.data.kv_bytes, self.bytes_with(&key, &value)));
+        if let Err(e) = checked {
+            return Outcome::err(e);
         }
         let rev = self.data.kv_revision + 1;
-        let value = Bytes::from(next.to_string());
-        self.record_event(rev, &key, &value, false);
-        self.data
-            .kv
-            .entry(key)
-            .and_modify(|e| {
-                e.value = value.clone();
-                e.mod_revision = rev;
-            })
-            .or_insert(KvRecord {
-                value: value.clone(),
-                create_revision: rev,
-                mod_revision: rev,
-            });
-        self.data.kv_revision = rev;
+        self.kv_set(key, &value, rev);
         super::incremented(next)
     }
 }

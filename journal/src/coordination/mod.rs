@@ -19,7 +19,7 @@ pub use crate::pb::coordination::{Data, TaskStatus};
 pub use alive::{alive_round_key, AliveTasks};
 pub use barrier::{shutdown_barrier_id, wait_all_barrier_id, BarrierDeadline, REGISTER_BARRIER};
 pub use keys::normalize_key;
-pub use kv::{Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
+pub use kv::{kv_bytes, Compacted, DEFAULT_WATCH_HISTORY_BYTES, MAX_WATCH_EVENTS};
 pub use tasks::{HeartbeatCheck, WAIT_FOR_ALL_TASKS_TIMEOUT_MS};
 
 use crate::area::Object;
@@ -115,7 +115,7 @@ pub struct Stats {
 }
 
 impl<'a> Reader<'a> {
-    /// Counts for operators (O(tasks + keys + barriers)).
+    /// Counts for operators (O(tasks + barriers)).
     pub fn stats(&self) -> Stats {
         let mut tasks = [0u64; 3];
         for t in &self.data.tasks {
@@ -130,12 +130,7 @@ impl<'a> Reader<'a> {
                 .filter(|b| b.status() == crate::pb::coordination::BarrierStatus::Pending)
                 .count() as u64,
             keys: self.data.kv.len() as u64,
-            kv_bytes: self
-                .data
-                .kv
-                .iter()
-                .map(|(k, r)| (k.len() + r.value.len()) as u64)
-                .sum(),
+            kv_bytes: self.data.kv_bytes,
         }
     }
 
@@ -209,6 +204,7 @@ impl Area for Data {
             cx,
         };
         w.data.kv.clear();
+        w.data.kv_bytes = 0;
         w.clear_history();
         w.data.barriers.clear();
         w.data.propagated_error = None;

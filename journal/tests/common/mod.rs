@@ -93,6 +93,7 @@ pub fn config(n: u32, o: &Opts) -> ClusterConfig {
 
 pub fn upd(cmd: Command, at_ms: u64) -> Update {
     Update {
+        namespace: String::new(),
         origin: None,
         at_ms,
         epoch: None,
@@ -121,6 +122,7 @@ pub fn apply_done(
     at: u64,
 ) -> Outcome {
     s.apply(&Update {
+        namespace: String::new(),
         origin: Some(Origin {
             client_id: client,
             seq,
@@ -399,7 +401,7 @@ pub fn statuses(s: &State) -> Vec<TaskStatus> {
 
 /// The answer of a parked call waiting for `w`.
 pub fn wait(s: &State, mut w: journal::Wait) -> Option<Result<journal::Answer, DomainError>> {
-    s.wait_result(None, &mut w)
+    s.wait_result("", None, &mut w)
 }
 
 /// A parked RegisterTask's answer: the service incarnation.

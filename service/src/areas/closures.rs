@@ -57,6 +57,11 @@ impl Closures {
         Closures { core }
     }
 
+    /// Admits call `c` to its namespace (see `Core::admit`).
+    pub async fn admit(&self, c: &Call) -> Result<(), Status> {
+        self.core.admit(c).await.map_err(|e| e.into_status(status))
+    }
+
     /// Proposes `command` for call `c`: its reply, and where it applied. A
     /// domain error is the call's status.
     async fn propose(
@@ -86,12 +91,13 @@ impl Closures {
     /// (`None`: no limit); `None` if it did not answer in time.
     async fn park(
         &self,
+        c: &Call,
         index: u64,
         wait: Wait,
         wait_for: Option<Duration>,
     ) -> Result<Option<Answer>, Status> {
         let deadline = wait_for.map(|w| Instant::now() + w);
-        match self.core.park(index, None, wait, deadline).await? {
+        match self.core.park(c, index, None, wait, deadline).await? {
             None => Ok(None),
             Some(answer) => answer.map(Some).map_err(|e| status(&e)),
         }
@@ -112,7 +118,7 @@ impl Closures {
 
     fn queue_config(&self, c: &Call, queue: &str) -> Result<cmd::QueueConfig, Status> {
         self.core
-            .read(c, |s| s.closures().queue(queue).and_then(|q| q.config))
+            .read(c, |s| s.closures().queue(queue).and_then(|q| q.config))?
             .ok_or_else(|| status(&journal::closures::errors::queue_not_found(queue)))
     }
 
@@ -132,7 +138,7 @@ impl Closures {
                 queue,
                 last: id + n - 1,
             };
-            self.park(applied.log_index, wait, None).await?;
+            self.park(c, applied.log_index, wait, None).await?;
         }
         Ok(reply)
     }
@@ -165,6 +171,7 @@ impl Closures {
             let call = applied.outcome.call_id;
             let answer = self
                 .park(
+                    c,
                     applied.log_index,
                     Wait::ClosureGet { queue, call },
                     Some(wait),
@@ -192,7 +199,7 @@ impl Closures {
         let idle = matches!(reply.reply, Some(R::Idle(true)));
         if reply.raised.is_none() && !idle {
             let wait = Wait::JoinReady { queue };
-            self.park(applied.log_index, wait, Some(capped(timeout_ms)))
+            self.park(c, applied.log_index, wait, Some(capped(timeout_ms)))
                 .await?;
             return Ok(cmd::Reply::default());
         }
@@ -223,7 +230,7 @@ impl Closures {
                 ids: ids.clone(),
                 settled: 0,
             };
-            self.park(index, wait, Some(capped(timeout_ms))).await?;
+            self.park(c, index, wait, Some(capped(timeout_ms))).await?;
         }
         self.core.read(c, |s| {
             let q = s.closures();
@@ -234,7 +241,7 @@ impl Closures {
                     Ok(None) => Ok(q.closure(id).cloned().unwrap_or_default()),
                 })
                 .collect()
-        })
+        })?
     }
 
     /// List: up to `limit` (0: [`MAX_LIST`]) closures of `queue` with ids
@@ -261,7 +268,7 @@ impl Closures {
                         .cloned()
                         .collect()
                 })
-            })
+            })?
             .ok_or_else(|| status(&journal::closures::errors::queue_not_found(queue)))
     }
 }

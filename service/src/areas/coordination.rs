@@ -20,7 +20,7 @@ use proto::coordstore::{HeartbeatRequest, WatchEvent, WatchResponse};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::core::call::{forwarded, required};
+use crate::core::call::required;
 use crate::core::{now_ms, Call, CallError, CallResult, Core};
 use crate::duties::coordination::CoordinationDuty;
 
@@ -64,8 +64,8 @@ impl Coordination {
         &self.core
     }
 
-    /// Waits until the service is configured (see [`Core::ready`]).
-    pub async fn ready(&self, c: &Call) -> Result<(), Status> {
+    /// Waits until the call's namespace is configured (see [`Core::ready`]).
+    pub async fn ready(&self, c: &Call) -> CallResult<()> {
         self.core.ready(c).await
     }
 
@@ -75,7 +75,7 @@ impl Coordination {
     /// epoch, which the call's updates then carry; `call` picks the
     /// message naming an unknown task.
     pub fn task(&self, c: &Call, job: &str, id: i32, call: UnknownTaskIn) -> CallResult<u32> {
-        let (index, epoch) = self.core.read(c, |s| (s.task_index(job, id), s.epoch()));
+        let (index, epoch) = self.core.read(c, |s| (s.task_index(job, id), s.epoch()))?;
         c.named_in(epoch);
         index.ok_or_else(|| unknown_task(call, &journal::task_name(job, id)).into())
     }
@@ -89,14 +89,13 @@ impl Coordination {
 
     /// (job name, task id) of the task at `index`, for replies.
     pub fn task_of(&self, c: &Call, index: u32) -> Option<(String, i32)> {
-        self.core.read(c, |s| {
-            s.task_id(index).map(|(job, id)| (job.to_string(), id))
-        })
+        let task = |s: journal::Namespace<'_>| s.task_id(index).map(|(j, id)| (j.to_string(), id));
+        self.core.read(c, task).ok().flatten()
     }
 
-    /// The service incarnation, for replies.
+    /// The service incarnation, for replies (0 if the namespace is gone).
     pub fn service_incarnation(&self, c: &Call) -> u64 {
-        self.core.read(c, |s| s.service_incarnation())
+        self.core.read(c, |s| s.service_incarnation()).unwrap_or(0)
     }
 
     /// The caller's service incarnation must be the service's. A mismatch
@@ -136,7 +135,7 @@ impl Coordination {
             Some(w) => {
                 let parked = self
                     .core
-                    .park(applied.log_index, Some(outcome.epoch), w, None)
+                    .park(c, applied.log_index, Some(outcome.epoch), w, None)
                     .await?;
                 let answered = parked.expect("a wait without a deadline ends with an answer");
                 Some(answered?)
@@ -216,7 +215,7 @@ impl Coordination {
         self.execute(c, r).await?;
         Ok(self
             .core
-            .read(c, |s| s.coordination().cluster_device_info()))
+            .read(c, |s| s.coordination().cluster_device_info())?)
     }
 
     // ------------------------------------------------------------ reads ----
@@ -225,13 +224,13 @@ impl Coordination {
     /// barrier, and the job epoch there.
     async fn linearizable(&self, c: &Call) -> CallResult<(u64, u64)> {
         let index = self.core.linearizable(c).await?;
-        Ok((index, self.core.read(c, |s| s.epoch())))
+        Ok((index, self.core.read(c, |s| s.epoch())?))
     }
 
     /// Parks a read call (after a linearizable read) until `wait` answers.
     async fn wait_read(&self, c: &Call, wait: Wait) -> CallResult<Answer> {
         let (index, epoch) = self.linearizable(c).await?;
-        let parked = self.core.park(index, Some(epoch), wait, None).await?;
+        let parked = self.core.park(c, index, Some(epoch), wait, None).await?;
         Ok(parked.expect("a wait without a deadline ends with an answer")?)
     }
 
@@ -247,7 +246,7 @@ impl Coordination {
                 })
                 .collect();
             (views, s.coordination().tasks_version())
-        }))
+        })?)
     }
 
     /// The stored entries of `tasks` (linearizable), for GetTaskState.
@@ -258,7 +257,7 @@ impl Coordination {
                 .iter()
                 .map(|&i| s.coordination().task(i).cloned().unwrap_or_default())
                 .collect()
-        }))
+        })?)
     }
 
     /// GetKeyValue: the value once the key exists (no server-side timeout).
@@ -273,7 +272,7 @@ impl Coordination {
     pub async fn kv_try_get(&self, c: &Call, key: &str) -> CallResult<Bytes> {
         self.linearizable(c).await?;
         self.core
-            .read(c, |s| s.coordination().kv_get(key).cloned())
+            .read(c, |s| s.coordination().kv_get(key).cloned())?
             .ok_or_else(|| key_not_found(key).into())
     }
 
@@ -286,12 +285,12 @@ impl Coordination {
                 .into_iter()
                 .map(|(k, e)| (k.to_string(), e.value.clone()))
                 .collect()
-        }))
+        })?)
     }
 
     /// A key's record in this node's state (the Node API reads it on the
     /// leader after a read barrier).
-    pub fn kv_record_here(&self, c: &Call, key: &str) -> Option<KvRecord> {
+    pub fn kv_record_here(&self, c: &Call, key: &str) -> Result<Option<KvRecord>, Status> {
         self.core
             .read(c, |s| s.coordination().kv_entry(key).cloned())
     }
@@ -303,7 +302,7 @@ impl Coordination {
         c: &Call,
         prefix: &str,
         limit: usize,
-    ) -> (Vec<(String, Bytes)>, u64) {
+    ) -> Result<(Vec<(String, Bytes)>, u64), Status> {
         let take = if limit == 0 { usize::MAX } else { limit };
         self.core.read(c, |s| {
             let kv = s.coordination();
@@ -332,12 +331,12 @@ impl Coordination {
         self.linearizable(c).await?;
         let target = normalize_key(key);
         let mut last = match start_revision {
-            0 => self.core.read(c, |s| s.coordination().kv_revision()),
+            0 => self.core.read(c, |s| s.coordination().kv_revision())?,
             r => r,
         };
         let (tx, rx) = mpsc::channel::<Result<WatchResponse, Status>>(16);
         let core = self.core.clone();
-        let call = Call::local();
+        let call = c.clone();
         tokio::spawn(async move {
             let first = WatchResponse {
                 events: Vec::new(),
@@ -353,10 +352,14 @@ impl Coordination {
                 (vec![journal::Object::Key(target.clone())], Vec::new())
             };
             let wakers = core.parking().wakers().clone();
-            let watching = wakers.register(objects, dirs);
+            let watching = wakers.register(call.namespace_key(), objects, dirs);
             loop {
                 let woken = watching.notified();
-                let batch = core.read(&call, |s| watch_batch(s, &target, is_dir, last));
+                let Ok(batch) = core.read(&call, |s| watch_batch(s, &target, is_dir, last)) else {
+                    let gone = format!("namespace {} was deleted", call.namespace());
+                    let _ = tx.send(Err(Status::not_found(gone))).await;
+                    return;
+                };
                 match batch {
                     Err(revision) => {
                         let compacted = WatchResponse {
@@ -410,7 +413,7 @@ impl Coordination {
     /// the task learns its fate from the majority.
     pub async fn heartbeat(&self, c: &Call, task: u32, incarnation: u64) -> CallResult<u64> {
         let area = self.clone();
-        let call = Call::local();
+        let call = Call::local().in_namespace(c.namespace());
         // The leader gets the heartbeat even when it is answered here first.
         let mut to_leader =
             tokio::spawn(async move { area.leader_heartbeat(&call, task, incarnation).await });
@@ -429,7 +432,7 @@ impl Coordination {
                     incarnation,
                     now_ms()
                 )),
-                HeartbeatCheck::Accept | HeartbeatCheck::Ignore
+                Ok(HeartbeatCheck::Accept | HeartbeatCheck::Ignore)
             );
         if !accepted {
             let answer = match early {
@@ -453,14 +456,15 @@ impl Coordination {
         incarnation: u64,
     ) -> Result<Result<(), DomainError>, Status> {
         let router = self.core.router();
+        let ns = c.namespace_key();
         router
             .on_leader(
                 c,
-                || self.duty.heartbeat(router.leader(), task, incarnation),
+                || self.duty.heartbeat(router.leader(), ns, task, incarnation),
                 |ch| {
                     let mut client = router.node_client(ch);
+                    let req = c.forward(HeartbeatRequest { task, incarnation });
                     async move {
-                        let req = forwarded(HeartbeatRequest { task, incarnation });
                         let reply = client.heartbeat(req).await?.into_inner();
                         if reply.error.is_empty() {
                             return Ok(Ok(()));
@@ -497,7 +501,7 @@ fn covers(target: &str, is_dir: bool, key: &str) -> bool {
 /// more; or the revision to start over from if the history no longer
 /// reaches back to `last`.
 fn watch_batch(
-    s: &journal::State,
+    s: journal::Namespace<'_>,
     target: &str,
     is_dir: bool,
     last: u64,

@@ -197,6 +197,19 @@ pub struct ServeOptions {
     /// matches any port [default: none]
     #[arg(long)]
     pub tfdata_worker_addresses: Option<String>,
+    /// The ports namespaces are served on, LOW-HIGH: a namespace gets the
+    /// port its create names or the lowest free one [default: none, only
+    /// namespaces created with a port]
+    #[arg(long)]
+    pub namespace_ports: Option<String>,
+    /// Most namespaces in the cluster, the default one included; past it a
+    /// create is RESOURCE_EXHAUSTED; 0 = no bound [default: 10000]
+    #[arg(long)]
+    pub max_namespaces: Option<u64>,
+    /// Namespaces with series of their own in the metrics (the largest by
+    /// keys), the others summed as `other` [default: 20]
+    #[arg(long)]
+    pub metrics_namespaces: Option<usize>,
     /// A TOML file with any of these keys
     #[arg(long)]
     #[serde(skip)]
@@ -255,6 +268,12 @@ pub struct ServeConfig {
     pub tfdata: TfDataConfig,
     /// Threads of the async runtime (0: one per CPU).
     pub worker_threads: usize,
+    /// The namespace port range (inclusive), if any.
+    pub namespace_ports: Option<(u16, u16)>,
+    /// Most namespaces (0: no bound).
+    pub max_namespaces: u64,
+    /// Namespaces with metric series of their own.
+    pub metrics_namespaces: usize,
 }
 
 /// TLS of the peer links: what the peer port serves and how peers are
@@ -269,37 +288,7 @@ pub struct PeerTls {
     pub client: tonic::transport::ClientTlsConfig,
 }
 
-/// Reads a ClusterSpec (`{"job": ["host:port", ...]}`) or a TF_CONFIG
-/// (`{"cluster": {...}, "task": {...}}`), inline JSON or `@FILE`.
-pub fn parse_tf_cluster_spec(value: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
-    let text = match value.strip_prefix('@') {
-        Some(path) => {
-            std::fs::read_to_string(path).map_err(|e| format!("--tf-cluster-spec {path}: {e}"))?
-        }
-        None => value.to_string(),
-    };
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("--tf-cluster-spec: not JSON: {e}"))?;
-    let cluster = json.get("cluster").unwrap_or(&json);
-    let jobs = cluster
-        .as_object()
-        .ok_or("--tf-cluster-spec: expected an object of job name -> [addresses]")?;
-    let mut out = BTreeMap::new();
-    for (job, addrs) in jobs {
-        let list = addrs
-            .as_array()
-            .ok_or_else(|| format!("--tf-cluster-spec: job {job}: expected a list of addresses"))?
-            .iter()
-            .map(|a| {
-                a.as_str().map(str::to_string).ok_or_else(|| {
-                    format!("--tf-cluster-spec: job {job}: addresses must be strings")
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        out.insert(job.clone(), list);
-    }
-    Ok(out)
-}
+pub use crate::core::namespaces::parse_tf_cluster_spec;
 
 fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
     s.split(',')
@@ -310,6 +299,19 @@ fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
                 .ok_or_else(|| format!("{what}: expected NAME=VALUE, got '{p}'"))
         })
         .collect()
+}
+
+/// `--namespace-ports LOW-HIGH`.
+pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let bad =
+        || format!("--namespace-ports: expected LOW-HIGH (TCP ports, LOW <= HIGH), got '{s}'");
+    let (low, high) = s.split_once('-').ok_or_else(bad)?;
+    let low: u16 = low.trim().parse().map_err(|_| bad())?;
+    let high: u16 = high.trim().parse().map_err(|_| bad())?;
+    if low == 0 || low > high {
+        return Err(bad());
+    }
+    Ok((low, high))
 }
 
 /// `--cluster ID=HOST:PORT,...`: the voting members, id → address.
@@ -393,7 +395,10 @@ impl ServeOptions {
             tfdata_client_timeout_ms,
             tfdata_gc_timeout_ms,
             tfdata_worker_timeout_ms,
-            tfdata_worker_addresses
+            tfdata_worker_addresses,
+            namespace_ports,
+            max_namespaces,
+            metrics_namespaces
         )
     }
 
@@ -573,6 +578,15 @@ impl ServeOptions {
             client_tls,
             peer_tls,
             worker_threads: self.worker_threads.unwrap_or(0),
+            namespace_ports: self
+                .namespace_ports
+                .as_deref()
+                .map(parse_port_range)
+                .transpose()?,
+            max_namespaces: self
+                .max_namespaces
+                .unwrap_or(crate::core::namespaces::DEFAULT_MAX_NAMESPACES),
+            metrics_namespaces: self.metrics_namespaces.unwrap_or(20),
         })
     }
 

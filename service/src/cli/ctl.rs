@@ -42,6 +42,184 @@ pub enum CtlCommand {
     /// Backups: save the state to a file, or check one.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Namespaces: one job each, on a port of its own.
+    #[command(subcommand)]
+    Ns(NsCommand),
+}
+
+/// Namespace verbs (each prints JSON).
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum NsCommand {
+    /// Create a namespace; prints it (with its port).
+    Create {
+        /// A DNS label: [a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?
+        name: String,
+        #[command(flatten)]
+        settings: Box<NsSettings>,
+    },
+    /// Every namespace.
+    Ls,
+    /// One namespace: its settings, port, tasks by state, barriers
+    /// pending, keys, bytes, parked calls, tf.data jobs and workers,
+    /// closure queues.
+    Get { name: String },
+    /// A new job epoch in the namespace (clears tasks, barriers, errors and
+    /// KV; a new service incarnation).
+    Reset {
+        name: String,
+        /// N tasks in job `jax_worker` from now on.
+        #[arg(long)]
+        tasks: Option<u32>,
+    },
+    /// Delete the namespace and everything in it.
+    Delete { name: String },
+    /// Save the namespace's whole state (read at a linearizable point,
+    /// checksummed) to FILE, to import into another cluster.
+    Export {
+        name: String,
+        file: std::path::PathBuf,
+    },
+    /// Create a namespace from an export file.
+    Import {
+        file: std::path::PathBuf,
+        /// Its name here [default: the exported one]
+        #[arg(long = "as")]
+        as_name: Option<String>,
+        /// Its port here [default: the lowest free one]
+        #[arg(long, default_value_t = 0)]
+        port: u32,
+    },
+}
+
+/// A namespace's settings; each defaults as the `coordstore serve` flag of
+/// the same name.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NsSettings {
+    /// N tasks in job `jax_worker` (what jaxlib registers)
+    #[arg(long, conflicts_with = "job")]
+    pub tasks: Option<u32>,
+    /// A TensorFlow-style job NAME=COUNT (repeatable)
+    #[arg(long)]
+    pub job: Vec<String>,
+    /// The port [default: the lowest free one of the cluster's range]
+    #[arg(long)]
+    pub port: Option<u32>,
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
+    #[arg(long)]
+    pub register_timeout_ms: Option<u64>,
+    #[arg(long)]
+    pub shutdown_timeout_ms: Option<u64>,
+    #[arg(long)]
+    pub register_with_barrier: Option<bool>,
+    #[arg(long)]
+    pub recoverable: bool,
+    #[arg(long)]
+    pub notify_tasks: Option<bool>,
+    /// The TensorFlow tasks' addresses (ClusterSpec or TF_CONFIG JSON, or @FILE)
+    #[arg(long)]
+    pub tf_cluster_spec: Option<String>,
+    /// Most KV keys [default: none]
+    #[arg(long)]
+    pub max_keys: Option<u64>,
+    /// Most bytes of KV keys and values [default: none]
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
+    /// Most calls parked in the namespace on one node [default: the node's]
+    #[arg(long)]
+    pub max_parked_calls: Option<u64>,
+    /// With mutual TLS: a client certificate name admitted (subject CN or
+    /// a SAN; `*` matches any run of characters; repeatable) [default: any]
+    #[arg(long)]
+    pub allow_client_name: Vec<String>,
+    /// Delete the namespace once its job is done and it has been quiet this
+    /// long [default: never]
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+}
+
+impl NsSettings {
+    /// The settings as the Node API takes them.
+    pub fn to_wire(&self) -> anyhow::Result<proto::coordstore::NamespaceSettings> {
+        let mut jobs = Vec::new();
+        for spec in &self.job {
+            let (name, count) = spec
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--job: expected NAME=COUNT, got '{spec}'"))?;
+            let count: u32 = count
+                .trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--job {name}: bad count '{count}'"))?;
+            jobs.push(proto::coordstore::JobCount {
+                name: name.trim().into(),
+                count,
+            });
+        }
+        if jobs.is_empty() && self.tasks.is_none() {
+            anyhow::bail!("give the job's shape: --tasks N or --job NAME=N");
+        }
+        Ok(proto::coordstore::NamespaceSettings {
+            jobs,
+            tasks: self.tasks.unwrap_or(0),
+            heartbeat_timeout_ms: self.heartbeat_timeout_ms,
+            register_timeout_ms: self.register_timeout_ms,
+            shutdown_timeout_ms: self.shutdown_timeout_ms,
+            register_with_barrier: self.register_with_barrier,
+            recoverable: self.recoverable,
+            notify_tasks: self.notify_tasks,
+            tf_cluster_spec: self.tf_cluster_spec.clone().unwrap_or_default(),
+            max_keys: self.max_keys,
+            max_bytes: self.max_bytes,
+            max_parked_calls: self.max_parked_calls,
+            allow_client_names: self.allow_client_name.clone(),
+            ttl_ms: self.ttl_ms,
+            port: self.port.unwrap_or(0),
+        })
+    }
+}
+
+/// A namespace as JSON.
+fn namespace_json(n: &proto::coordstore::NamespaceInfo) -> Value {
+    let s = n.settings.clone().unwrap_or_default();
+    json!({
+        "name": n.name,
+        "port": n.port,
+        "service_incarnation": n.service_incarnation,
+        "epoch": n.epoch,
+        "spec": {
+            "tasks": s.tasks,
+            "jobs": s.jobs.iter().map(|j| json!({"name": j.name, "count": j.count})).collect::<Vec<_>>(),
+            "heartbeat_timeout_ms": s.heartbeat_timeout_ms,
+            "register_timeout_ms": s.register_timeout_ms,
+            "shutdown_timeout_ms": s.shutdown_timeout_ms,
+            "register_with_barrier": s.register_with_barrier,
+            "recoverable": s.recoverable,
+            "notify_tasks": s.notify_tasks,
+            "tf_cluster_spec": s.tf_cluster_spec,
+            "max_keys": s.max_keys,
+            "max_bytes": s.max_bytes,
+            "max_parked_calls": s.max_parked_calls,
+            "allow_client_names": s.allow_client_names,
+            "ttl_ms": s.ttl_ms,
+        },
+        "tasks": {
+            "disconnected": n.tasks_disconnected,
+            "connected": n.tasks_connected,
+            "error": n.tasks_error,
+        },
+        "barriers_pending": n.barriers_pending,
+        "keys": n.keys,
+        "bytes": n.bytes,
+        "parked_calls": n.parked_calls,
+        "tfdata": {"jobs": n.tfdata_jobs, "workers": n.tfdata_workers},
+        "closure_queues": n.closure_queues.iter().map(|q| json!({
+            "name": q.name, "pending": q.pending, "queued": q.queued,
+            "running": q.running, "records": q.records,
+        })).collect::<Vec<_>>(),
+        "created_ms": n.created_ms,
+        "last_active_ms": n.last_active_ms,
+        "listener": n.listener,
+    })
 }
 
 /// Backup verbs (restore a backup with `coordstore restore`).
@@ -104,7 +282,7 @@ pub enum TfDataCommand {
 }
 
 /// The tf.data dispatcher's state as JSON.
-fn tfdata_json(s: &State, what: TfDataCommand) -> Value {
+fn tfdata_json(s: journal::Namespace<'_>, what: TfDataCommand) -> Value {
     let d = s.dispatcher();
     match what {
         TfDataCommand::Datasets => json!(d
@@ -201,11 +379,23 @@ async fn connect(
         .max_encoding_message_size(1 << 30))
 }
 
+/// `msg` as a request in `namespace` (header `x-coordstore-namespace`).
+fn in_ns<T>(namespace: &Option<String>, msg: T) -> anyhow::Result<tonic::Request<T>> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(ns) = namespace {
+        req.metadata_mut()
+            .insert(crate::core::call::NAMESPACE_HEADER, ns.parse()?);
+    }
+    Ok(req)
+}
+
 async fn propose(
     c: &mut NodeClient<Channel>,
+    namespace: &Option<String>,
     command: Command,
 ) -> anyhow::Result<journal::Outcome> {
     let u = Update {
+        namespace: namespace.clone().unwrap_or_default(),
         command: Some(command),
         ..Default::default()
     };
@@ -227,6 +417,96 @@ async fn state(c: &mut NodeClient<Channel>) -> anyhow::Result<State> {
     Ok(State::decode_snapshot(&reply.snapshot)?)
 }
 
+/// Namespace `namespace` (the default one if `None`) of `s`.
+fn namespace<'a>(
+    s: &'a State,
+    namespace: &Option<String>,
+) -> anyhow::Result<journal::Namespace<'a>> {
+    let name = namespace.as_deref().unwrap_or(journal::DEFAULT_NAMESPACE);
+    s.namespace(name)
+        .ok_or_else(|| anyhow::anyhow!("namespace {name} does not exist"))
+}
+
+/// A namespace verb.
+async fn ns_command(c: &mut NodeClient<Channel>, cmd: NsCommand) -> anyhow::Result<Value> {
+    use proto::coordstore::{
+        CreateNamespaceRequest, ImportNamespaceRequest, ListNamespacesRequest, NamespaceRequest,
+        ResetNamespaceRequest,
+    };
+    let one = |n: proto::coordstore::NamespaceInfo| namespace_json(&n);
+    Ok(match cmd {
+        NsCommand::Create { name, settings } => {
+            let settings = Some(settings.to_wire()?);
+            let req = CreateNamespaceRequest { name, settings };
+            one(c.create_namespace(req).await?.into_inner())
+        }
+        NsCommand::Ls => {
+            let all = c.list_namespaces(ListNamespacesRequest {}).await?;
+            json!(all
+                .into_inner()
+                .namespaces
+                .iter()
+                .map(namespace_json)
+                .collect::<Vec<_>>())
+        }
+        NsCommand::Get { name } => one(c
+            .get_namespace(NamespaceRequest { name })
+            .await?
+            .into_inner()),
+        NsCommand::Reset { name, tasks } => {
+            let req = ResetNamespaceRequest {
+                name,
+                tasks: tasks.unwrap_or(0),
+            };
+            one(c.reset_namespace(req).await?.into_inner())
+        }
+        NsCommand::Delete { name } => one(c
+            .delete_namespace(NamespaceRequest { name })
+            .await?
+            .into_inner()),
+        NsCommand::Export { name, file } => {
+            let bytes = c
+                .export_namespace(NamespaceRequest { name })
+                .await?
+                .into_inner()
+                .file;
+            let (export, _) =
+                storage::backup::Export::parse(bytes.to_vec()).map_err(anyhow::Error::msg)?;
+            write_durably(&file, &bytes)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))?;
+            json!({"file": file.display().to_string(), "header": export.header})
+        }
+        NsCommand::Import {
+            file,
+            as_name,
+            port,
+        } => {
+            let bytes =
+                std::fs::read(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            storage::backup::Export::parse(bytes.clone())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let req = ImportNamespaceRequest {
+                name: as_name.unwrap_or_default(),
+                file: bytes.into(),
+                port,
+            };
+            one(c.import_namespace(req).await?.into_inner())
+        }
+    })
+}
+
+/// Writes `bytes` to `path` durably: a temporary file beside it, synced,
+/// renamed over it.
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(".tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 /// The header of the backup `file`, once the file checks out.
 fn backup_header(file: &std::path::Path) -> anyhow::Result<storage::backup::Header> {
     Ok(storage::backup::Backup::read(file)
@@ -235,10 +515,12 @@ fn backup_header(file: &std::path::Path) -> anyhow::Result<storage::backup::Head
 }
 
 /// Runs one command against `endpoint`; returns what to print.
-/// `tls`: dial over TLS (None: plaintext).
+/// `tls`: dial over TLS (None: plaintext). `ns`: the namespace of the kv,
+/// tasks, barriers, tfdata and reset-job verbs (None: the default one).
 pub async fn run(
     endpoint: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
+    ns: Option<String>,
     cmd: CtlCommand,
 ) -> anyhow::Result<String> {
     // Needs no node.
@@ -264,11 +546,13 @@ pub async fn run(
                 "parked_calls": s.parked_calls,
                 "parked_by_kind": s.parked_by_kind,
                 "state_digest": s.state_digest,
+                "namespaces": s.namespaces,
             })
         }
+        CtlCommand::Ns(n) => ns_command(&mut c, n).await?,
         CtlCommand::Kv(KvCommand::Get { key }) => {
             let r = c
-                .kv_get(KvGetRequest { key: key.clone() })
+                .kv_get(in_ns(&ns, KvGetRequest { key: key.clone() })?)
                 .await?
                 .into_inner();
             if !r.found {
@@ -283,6 +567,7 @@ pub async fn run(
         }) => {
             propose(
                 &mut c,
+                &ns,
                 Command::from(KvInsert {
                     key,
                     value: value.into_bytes().into(),
@@ -293,12 +578,12 @@ pub async fn run(
             return Ok("OK".into());
         }
         CtlCommand::Kv(KvCommand::Delete { key }) => {
-            propose(&mut c, Command::from(KvDelete { key })).await?;
+            propose(&mut c, &ns, Command::from(KvDelete { key })).await?;
             return Ok("OK".into());
         }
         CtlCommand::Kv(KvCommand::Ls { prefix }) => {
             let r = c
-                .kv_list(KvListRequest { prefix, limit: 0 })
+                .kv_list(in_ns(&ns, KvListRequest { prefix, limit: 0 })?)
                 .await?
                 .into_inner();
             json!(r
@@ -307,9 +592,13 @@ pub async fn run(
                 .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.value)}))
                 .collect::<Vec<_>>())
         }
-        CtlCommand::Tfdata(what) => tfdata_json(&state(&mut c).await?, what),
+        CtlCommand::Tfdata(what) => {
+            let s = state(&mut c).await?;
+            tfdata_json(namespace(&s, &ns)?, what)
+        }
         CtlCommand::Tasks => {
             let s = state(&mut c).await?;
+            let s = namespace(&s, &ns)?;
             json!((0..s.task_count())
                 .map(|i| {
                     let t = s.coordination().task(i).expect("index in range");
@@ -330,6 +619,7 @@ pub async fn run(
         }
         CtlCommand::Barriers => {
             let s = state(&mut c).await?;
+            let s = namespace(&s, &ns)?;
             json!(s
                 .coordination()
                 .barriers()
@@ -392,8 +682,8 @@ pub async fn run(
         CtlCommand::ResetJob { tasks } => {
             let config = match tasks {
                 Some(n) => {
-                    let mut cfg = state(&mut c)
-                        .await?
+                    let s = state(&mut c).await?;
+                    let mut cfg = namespace(&s, &ns)?
                         .config()
                         .cloned()
                         .unwrap_or_else(ClusterConfig::default);
@@ -407,6 +697,7 @@ pub async fn run(
             };
             let out = propose(
                 &mut c,
+                &ns,
                 Command::ResetJobEpoch(ResetJobEpoch {
                     service_incarnation: rand::random(),
                     config,

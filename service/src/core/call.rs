@@ -23,7 +23,22 @@ pub use proto::ORIGIN_HEADER;
 pub const FORWARDED: &str = "x-coordstore-forwarded";
 
 /// The namespace of a call that names none.
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub const DEFAULT_NAMESPACE: &str = journal::DEFAULT_NAMESPACE;
+
+pub use proto::NAMESPACE_HEADER;
+
+/// The namespace of the port a request arrived on: a request extension a
+/// namespace port's listener puts on every request, which wins over any
+/// header.
+#[derive(Clone, Debug)]
+pub struct PortNamespace(pub String);
+
+/// A request that arrived on the peer port (another node's forward, over
+/// the peers' own mutual TLS): the node that took the call from its client
+/// admitted it. A request extension the peer port's server puts on every
+/// request; a client cannot set it.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerPort;
 
 /// One call's context (cloned for each attempt of a call retried on the
 /// leader).
@@ -35,6 +50,11 @@ pub struct Call {
     deadline: Option<Instant>,
     forwarded: bool,
     namespace: String,
+    /// The names of the client's certificate (subject CN and SANs); `None`
+    /// without one (no mutual TLS).
+    client_names: Option<Vec<String>>,
+    /// Arrived on the peer port.
+    from_peer: bool,
 }
 
 impl Call {
@@ -43,13 +63,52 @@ impl Call {
     /// (`grpc-timeout`), and whether a node forwarded it.
     pub fn from_request<T>(req: &Request<T>) -> Result<Call, Status> {
         let md = req.metadata();
+        let namespace = match req.extensions().get::<PortNamespace>() {
+            Some(PortNamespace(name)) => name.clone(),
+            None => header_namespace(md)?,
+        };
+        let client_names = req
+            .peer_certs()
+            .map(|certs| certs.first().map(|c| cert_names(c)).unwrap_or_default());
         Ok(Call {
             origin: header_origin(md)?,
             named_in: OnceLock::new(),
             deadline: grpc_timeout(md).map(|t| Instant::now() + t),
             forwarded: md.contains_key(FORWARDED),
-            namespace: DEFAULT_NAMESPACE.to_string(),
+            namespace,
+            client_names,
+            from_peer: req.extensions().get::<PeerPort>().is_some(),
         })
+    }
+
+    /// Whether a namespace that admits clients named `allow` (subject CN or
+    /// a SAN of their certificate; `*` matches any run of characters; none:
+    /// any client) admits this call: PERMISSION_DENIED naming the namespace
+    /// if not. A call a peer forwarded was admitted where it arrived.
+    pub fn admit(&self, allow: &[String]) -> Result<(), Status> {
+        if allow.is_empty() || self.from_peer {
+            return Ok(());
+        }
+        let ns = &self.namespace;
+        let Some(names) = &self.client_names else {
+            return Err(Status::permission_denied(format!(
+                "namespace {ns} admits only clients with a certificate named {allow:?}; \
+                 this call presented none"
+            )));
+        };
+        if names.iter().any(|n| allow.iter().any(|p| glob(p, n))) {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "namespace {ns} admits only clients with a certificate named {allow:?}; \
+             this client's certificate names {names:?}"
+        )))
+    }
+
+    /// This call acting in namespace `name` instead.
+    pub fn in_namespace(mut self, name: &str) -> Call {
+        self.namespace = name.to_string();
+        self
     }
 
     /// A call this node makes itself (a tool, a test): no origin, not
@@ -61,6 +120,8 @@ impl Call {
             deadline: None,
             forwarded: false,
             namespace: DEFAULT_NAMESPACE.to_string(),
+            client_names: None,
+            from_peer: true,
         }
     }
 
@@ -79,9 +140,14 @@ impl Call {
         self.deadline
     }
 
-    /// The namespace the call acts in.
+    /// The namespace the call acts in (`default` if it names none).
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// How the state keys the call's namespace ("" for the default one).
+    pub fn namespace_key(&self) -> &str {
+        journal::namespace::namespace_key(&self.namespace)
     }
 
     /// Records that the call resolved a task name in job `epoch`; only the
@@ -102,6 +168,7 @@ impl Call {
         Update {
             origin: self.origin,
             epoch: self.epoch(),
+            namespace: self.namespace_key().to_string(),
             command: Some(command.into()),
             ..Default::default()
         }
@@ -120,21 +187,23 @@ impl Call {
         };
         let call = Call {
             origin: Some(origin),
-            named_in: self.named_in.clone(),
-            deadline: self.deadline,
-            forwarded: self.forwarded,
-            namespace: self.namespace.clone(),
+            ..self.clone()
         };
         (call, lane)
     }
 
     /// `msg` as this call forwarded to the leader: marked forwarded, with
-    /// the call's origin.
+    /// the call's origin and namespace.
     pub fn forward<M>(&self, msg: M) -> Request<M> {
         let mut req = forwarded(msg);
         if let Some(o) = self.origin {
             if let Ok(v) = wire_origin(o).header_value().parse() {
                 req.metadata_mut().insert(ORIGIN_HEADER, v);
+            }
+        }
+        if !self.namespace_key().is_empty() {
+            if let Ok(v) = self.namespace.parse() {
+                req.metadata_mut().insert(NAMESPACE_HEADER, v);
             }
         }
         req
@@ -147,6 +216,51 @@ pub fn forwarded<T>(msg: T) -> Request<T> {
     req.metadata_mut()
         .insert(FORWARDED, "1".parse().expect("ascii"));
     req
+}
+
+/// A layer that puts a copy of `T` in every request's extensions: how a
+/// listener tells a call where it arrived ([`PortNamespace`], [`PeerPort`]).
+#[derive(Clone)]
+pub struct Tag<T>(pub T);
+
+impl<S, T: Clone> tower::Layer<S> for Tag<T> {
+    type Service = Tagged<S, T>;
+
+    fn layer(&self, inner: S) -> Tagged<S, T> {
+        Tagged {
+            inner,
+            tag: self.0.clone(),
+        }
+    }
+}
+
+/// The service [`Tag`] wraps around each service of a listener.
+#[derive(Clone)]
+pub struct Tagged<S, T> {
+    inner: S,
+    tag: T,
+}
+
+impl<S, B, T> tower::Service<http::Request<B>> for Tagged<S, T>
+where
+    S: tower::Service<http::Request<B>>,
+    T: Clone + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        req.extensions_mut().insert(self.tag.clone());
+        self.inner.call(req)
+    }
 }
 
 /// Gives `u` an origin on a lane of `lanes` if it has none; the lane is
@@ -190,6 +304,81 @@ fn wire_origin(o: Origin) -> WireOrigin {
         seq: o.seq,
         done_below: o.done_below,
     }
+}
+
+/// The subject common names and the subject alternative names (DNS names,
+/// e-mail addresses, URIs, IP addresses) of a DER certificate; none if it
+/// does not parse.
+fn cert_names(der: &[u8]) -> Vec<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(str::to_string))
+        .collect();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                GeneralName::DNSName(s) | GeneralName::RFC822Name(s) | GeneralName::URI(s) => {
+                    names.push(s.to_string())
+                }
+                GeneralName::IPAddress(b) => {
+                    let ip = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b)
+                            .ok()
+                            .map(|a| std::net::IpAddr::from(a).to_string()),
+                        16 => <[u8; 16]>::try_from(*b)
+                            .ok()
+                            .map(|a| std::net::IpAddr::from(a).to_string()),
+                        _ => None,
+                    };
+                    names.extend(ip);
+                }
+                _ => {}
+            }
+        }
+    }
+    names
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of
+/// characters (none included) and everything else itself.
+fn glob(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The namespace `md` names in [`NAMESPACE_HEADER`] (a DNS label), or the
+/// default one.
+fn header_namespace(md: &MetadataMap) -> Result<String, Status> {
+    let Some(v) = md.get(NAMESPACE_HEADER) else {
+        return Ok(DEFAULT_NAMESPACE.to_string());
+    };
+    let name = v.to_str().unwrap_or_default();
+    if !journal::namespace::valid_name(name) {
+        return Err(Status::invalid_argument(format!(
+            "{NAMESPACE_HEADER}: {:?} is not a namespace name (a DNS label)",
+            String::from_utf8_lossy(v.as_bytes())
+        )));
+    }
+    Ok(name.to_string())
 }
 
 /// The caller's timeout from `grpc-timeout` (gRPC over HTTP/2: up to eight
@@ -284,6 +473,53 @@ mod tests {
         let f = c.forward(());
         assert_eq!(f.metadata().get(ORIGIN_HEADER).unwrap(), "7:3:2");
         assert!(Call::from_request(&f).unwrap().forwarded());
+    }
+
+    #[test]
+    fn a_call_names_its_namespace_by_port_over_header() {
+        let mut req = Request::new(());
+        assert_eq!(Call::from_request(&req).unwrap().namespace_key(), "");
+        req.metadata_mut()
+            .insert(NAMESPACE_HEADER, "job-a".parse().unwrap());
+        let c = Call::from_request(&req).unwrap();
+        assert_eq!(c.namespace(), "job-a");
+        assert_eq!(
+            c.update(Command::Noop(journal::pb::Noop {})).namespace,
+            "job-a"
+        );
+        assert_eq!(
+            c.forward(()).metadata().get(NAMESPACE_HEADER).unwrap(),
+            "job-a"
+        );
+        req.extensions_mut().insert(PortNamespace("job-b".into()));
+        assert_eq!(Call::from_request(&req).unwrap().namespace(), "job-b");
+        let mut bad = Request::new(());
+        bad.metadata_mut()
+            .insert(NAMESPACE_HEADER, "Job_A".parse().unwrap());
+        let e = Call::from_request(&bad).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn client_names_match_the_namespace_patterns() {
+        assert!(glob("job-a.*", "job-a.workers"));
+        assert!(glob("*", "anything"));
+        assert!(glob("a*b*c", "a-x-b-y-c"));
+        assert!(!glob("a*b*c", "a-x-c-y-b"));
+        assert!(!glob("job-a", "job-ab"));
+        assert!(glob("job-a", "job-a"));
+        let mut c = Call::from_request(&Request::new(())).unwrap();
+        assert!(c.admit(&[]).is_ok(), "no list: any client");
+        let allow = vec!["job-a*".to_string()];
+        assert_eq!(
+            c.admit(&allow).unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        c.client_names = Some(vec!["job-b".into()]);
+        let e = c.admit(&allow).unwrap_err();
+        assert!(e.message().contains("job-b"), "{e:?}");
+        c.client_names = Some(vec!["job-b".into(), "job-a.worker-1".into()]);
+        assert!(c.admit(&allow).is_ok());
     }
 
     #[test]

@@ -6,13 +6,14 @@
 
 pub mod call;
 pub mod leader;
+pub mod namespaces;
 pub mod park;
 pub mod router;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use journal::{State, Update, Wait};
+use journal::{Namespace, State, Update, Wait};
 use raft::{Applied, RaftNode};
 use tonic::Status;
 
@@ -54,32 +55,75 @@ impl Core {
         self.router.node()
     }
 
-    /// Reads the state as `call` sees it.
-    pub fn read<T>(&self, _call: &Call, f: impl FnOnce(&State) -> T) -> T {
+    /// Reads the whole state of this node.
+    pub fn state<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         self.node().state().read(f)
     }
 
-    /// Waits until this node has applied the service configuration (the
-    /// first leader proposes it). UNAVAILABLE (no payload: clients retry)
-    /// if it does not come in time.
-    pub async fn ready(&self, call: &Call) -> Result<(), Status> {
-        if self.read(call, |s| s.is_initialized()) {
+    /// Reads the call's namespace in this node's state; NOT_FOUND naming it
+    /// if it does not exist (here, now).
+    pub fn read<T>(&self, call: &Call, f: impl FnOnce(Namespace<'_>) -> T) -> Result<T, Status> {
+        self.state(|s| match s.namespace(call.namespace()) {
+            Some(n) => Ok(f(n)),
+            None => Err(unknown_namespace(call)),
+        })
+    }
+
+    /// Waits until this node has applied the call's namespace's
+    /// configuration (the first leader proposes the default one; a create
+    /// configures another). A namespace missing here is confirmed missing
+    /// on an up-to-date state (a linearizable read) before NOT_FOUND, so a
+    /// node behind the leader does not deny a namespace just created.
+    /// UNAVAILABLE (no payload: clients retry) if the default namespace is
+    /// not configured in time.
+    pub async fn ready(&self, call: &Call) -> CallResult<()> {
+        self.admit(call).await?;
+        let ready = |s: &State| s.namespace(call.namespace()).map(|n| n.is_initialized());
+        if self.state(ready) == Some(true) {
             return Ok(());
         }
         let deadline = Instant::now() + self.ready_wait;
         let mut rx = self.node().state().subscribe();
         loop {
             rx.borrow_and_update();
-            if self.read(call, |s| s.is_initialized()) {
+            if self.state(ready) == Some(true) {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
                 return Err(Status::unavailable(
                     "the coordination service is not configured yet (no leader has been elected)",
-                ));
+                )
+                .into());
             }
         }
+    }
+
+    /// Admits `call` to its namespace: NOT_FOUND if the namespace does not
+    /// exist (confirmed on an up-to-date state: a node behind the leader
+    /// does not deny a namespace just created), PERMISSION_DENIED if it
+    /// does not admit the client (see [`Call::admit`]).
+    pub async fn admit(&self, call: &Call) -> CallResult<()> {
+        let allow = |s: &State| {
+            let n = s.namespace(call.namespace())?;
+            Some(
+                n.spec()
+                    .map(|p| p.allow_client_names.clone())
+                    .unwrap_or_default(),
+            )
+        };
+        let allowed = match self.state(allow) {
+            Some(a) => a,
+            None => {
+                self.linearizable(call).await?;
+                // With the coordination payload: a stock jaxlib task fails
+                // at once instead of retrying its registration.
+                let key = call.namespace_key();
+                self.state(allow)
+                    .ok_or_else(|| CallError::from(journal::namespace::unknown(key)))?
+            }
+        };
+        Ok(call.admit(&allowed)?)
     }
 
     /// Proposes `u` for `call` (see [`Router::propose`]).
@@ -100,11 +144,18 @@ impl Core {
     /// index `index`, in job `epoch` if the wait belongs to one.
     pub async fn park(
         &self,
+        call: &Call,
         index: u64,
         epoch: Option<u64>,
         wait: Wait,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Parked, Status> {
-        self.parking.park(index, epoch, wait, deadline).await
+        let ns = call.namespace_key();
+        self.parking.park(ns, index, epoch, wait, deadline).await
     }
+}
+
+/// NOT_FOUND naming the call's namespace.
+fn unknown_namespace(call: &Call) -> Status {
+    Status::not_found(format!("namespace {} does not exist", call.namespace()))
 }

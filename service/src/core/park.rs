@@ -10,7 +10,9 @@
 //! the directories above a key, for watches). What concerns everyone — a
 //! job epoch reset, a snapshot installed, the node stopping — wakes
 //! everyone. A woken waiter re-reads its answer (`State::wait_result`).
-//! Waits are counted, in all and by kind, and bounded.
+//! Waits are counted, in all, by kind and by namespace, and bounded (per
+//! node, and per namespace by its `--max-parked-calls`). Every object is
+//! a namespace's: the same key in two namespaces has waiters apart.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -53,11 +55,13 @@ fn kind_index(kind: &str) -> usize {
 pub type Parked = Option<Result<Answer, DomainError>>;
 
 /// The calls parked on this node's applied state: how they wait, and how
-/// many there are (in all and by kind).
+/// many there are (in all, by kind and by namespace).
 pub struct Parking {
     node: Arc<RaftNode>,
     parked: AtomicU64,
     by_kind: [AtomicU64; KINDS.len()],
+    /// Calls parked by namespace (key: "" for the default one).
+    by_namespace: Mutex<HashMap<String, u64>>,
     max_parked: u64,
     wakers: Arc<Wakers>,
 }
@@ -76,6 +80,7 @@ impl Parking {
             node,
             parked: AtomicU64::new(0),
             by_kind: Default::default(),
+            by_namespace: Mutex::default(),
             max_parked: DEFAULT_MAX_PARKED_CALLS,
             wakers,
         }
@@ -107,13 +112,15 @@ impl Parking {
     }
 
     /// Waits, on this node's state from log index `index` on, until `wait`
-    /// answers, or `deadline` passes (`None`: no limit; `Ok(None)` then). A
-    /// wait that belongs to job `epoch` ends with ABORTED once another
-    /// epoch began. The call counts as parked from the first time its
-    /// answer is not there until it ends; past the bound it is refused with
-    /// RESOURCE_EXHAUSTED.
+    /// in namespace `ns` (its key) answers, or `deadline` passes (`None`:
+    /// no limit; `Ok(None)` then). A wait that belongs to job `epoch` ends
+    /// with ABORTED once another epoch began, and every wait ends when its
+    /// namespace is deleted. The call counts as parked from the first time
+    /// its answer is not there until it ends; past the bound (the node's,
+    /// or its namespace's) it is refused with RESOURCE_EXHAUSTED.
     pub async fn park(
         &self,
+        ns: &str,
         index: u64,
         epoch: Option<u64>,
         mut wait: Wait,
@@ -128,17 +135,20 @@ impl Parking {
             },
         }
         let state = self.node.state();
-        let objects = state.read(|s| wait.objects(s));
-        let waiting = self.wakers.register(objects, Vec::new());
+        let (objects, limit) = state.read(|s| match s.namespace(ns) {
+            Some(n) => (wait.objects(&n), n.spec().map_or(0, |p| p.max_parked_calls)),
+            None => (Vec::new(), 0),
+        });
+        let waiting = self.wakers.register(ns, objects, Vec::new());
         let mut parked: Option<Counted<'_>> = None;
         loop {
             // Before looking: a change between the look and the wait wakes it.
             let woken = waiting.notified();
-            if let Some(a) = state.read(|s| s.wait_result(epoch, &mut wait)) {
+            if let Some(a) = state.read(|s| s.wait_result(ns, epoch, &mut wait)) {
                 return Ok(Some(a));
             }
             if parked.is_none() {
-                parked = Some(self.count(wait.kind())?);
+                parked = Some(self.count(ns, wait.kind(), limit)?);
             }
             match deadline {
                 None => woken.await,
@@ -168,11 +178,34 @@ impl Parking {
             .collect()
     }
 
-    /// Counts a call of `kind` as parked, or refuses it past the bound.
-    fn count(&self, kind: &str) -> Result<Counted<'_>, Status> {
+    /// Calls parked on this node in namespace `ns` (its key).
+    pub fn parked_in(&self, ns: &str) -> u64 {
+        self.namespaces().get(ns).copied().unwrap_or(0)
+    }
+
+    fn namespaces(&self) -> MutexGuard<'_, HashMap<String, u64>> {
+        self.by_namespace.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a call of `kind` in namespace `ns` as parked, or refuses it
+    /// past the node's bound or the namespace's `limit` (0: none).
+    fn count(&self, ns: &str, kind: &str, limit: u64) -> Result<Counted<'_>, Status> {
+        {
+            let mut by_ns = self.namespaces();
+            let here = by_ns.entry(ns.to_string()).or_default();
+            if limit > 0 && *here >= limit {
+                let name = journal::namespace::namespace_name(ns);
+                return Err(Status::resource_exhausted(format!(
+                    "namespace {name}: {here} calls are already parked in it on this node, \
+                     its limit (--max-parked-calls {limit}); retry later or raise the limit"
+                )));
+            }
+            *here += 1;
+        }
         let before = self.parked.fetch_add(1, Ordering::Relaxed);
         if self.max_parked > 0 && before >= self.max_parked {
             self.parked.fetch_sub(1, Ordering::Relaxed);
+            self.uncount_namespace(ns);
             return Err(Status::resource_exhausted(format!(
                 "{before} calls are already parked on this node, its limit \
                  (--max-parked-calls {}); retry later or raise the limit",
@@ -181,7 +214,21 @@ impl Parking {
         }
         let kind = &self.by_kind[kind_index(kind)];
         kind.fetch_add(1, Ordering::Relaxed);
-        Ok(Counted(&self.parked, kind))
+        Ok(Counted {
+            parking: self,
+            kind,
+            ns: ns.to_string(),
+        })
+    }
+
+    fn uncount_namespace(&self, ns: &str) {
+        let mut by_ns = self.namespaces();
+        if let Some(n) = by_ns.get_mut(ns) {
+            *n -= 1;
+            if *n == 0 {
+                by_ns.remove(ns);
+            }
+        }
     }
 }
 
@@ -189,13 +236,19 @@ fn shutting_down() -> Status {
     Status::unavailable("the node is shutting down")
 }
 
-/// One parked call, counted (in all and in its kind) while it lives.
-struct Counted<'a>(&'a AtomicU64, &'a AtomicU64);
+/// One parked call, counted (in all, in its kind and in its namespace)
+/// while it lives.
+struct Counted<'a> {
+    parking: &'a Parking,
+    kind: &'a AtomicU64,
+    ns: String,
+}
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        self.1.fetch_sub(1, Ordering::Relaxed);
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.kind.fetch_sub(1, Ordering::Relaxed);
+        self.parking.parked.fetch_sub(1, Ordering::Relaxed);
+        self.parking.uncount_namespace(&self.ns);
     }
 }
 
@@ -216,14 +269,22 @@ impl Waiters {
 
 type Table<K> = Mutex<HashMap<K, Arc<Waiters>>>;
 
-/// The waiters of parked calls by object, and of watches by directory.
+/// A namespace's key ("" for the default one) with what in it is waited on.
+type In<K> = (String, K);
+
+/// The waiters of parked calls by object, and of watches by directory, in
+/// each namespace.
 #[derive(Default)]
 pub struct Wakers {
-    objects: Table<Object>,
+    objects: Table<In<Object>>,
     /// Watches of every key under a directory (normalised; "" is all).
-    dirs: Table<String>,
+    dirs: Table<In<String>>,
+    /// Every waiter of a namespace (woken on its reset, delete, ...).
+    namespaces: Table<String>,
     /// Woken on what concerns every waiter.
     all: Notify,
+    /// Woken when a namespace is created or deleted.
+    namespace_set: Notify,
     /// The node stopped applying (shutting down).
     closed: AtomicBool,
 }
@@ -233,32 +294,36 @@ fn lock<K>(t: &Table<K>) -> MutexGuard<'_, HashMap<K, Arc<Waiters>>> {
 }
 
 impl Wakers {
-    /// Registers a waiter on `objects` and on every key under `dirs`.
-    pub fn register(&self, objects: Vec<Object>, dirs: Vec<String>) -> Registration<'_> {
-        let objects = {
-            let mut t = lock(&self.objects);
-            objects
-                .into_iter()
-                .map(|o| {
-                    let w = t.entry(o.clone()).or_default().clone();
-                    (o, w)
+    /// Registers a waiter in namespace `ns` (its key) on `objects`, on
+    /// every key under `dirs`, and on what concerns the whole namespace.
+    pub fn register(&self, ns: &str, objects: Vec<Object>, dirs: Vec<String>) -> Registration<'_> {
+        fn enter<K: Clone + std::hash::Hash + Eq>(
+            t: &Table<K>,
+            keys: impl IntoIterator<Item = K>,
+        ) -> Vec<(K, Arc<Waiters>)> {
+            let mut t = lock(t);
+            keys.into_iter()
+                .map(|k| {
+                    let w = t.entry(k.clone()).or_default().clone();
+                    (k, w)
                 })
                 .collect()
-        };
-        let dirs = {
-            let mut t = lock(&self.dirs);
-            dirs.into_iter()
-                .map(|d| {
-                    let w = t.entry(d.clone()).or_default().clone();
-                    (d, w)
-                })
-                .collect()
-        };
+        }
         Registration {
             wakers: self,
-            objects,
-            dirs,
+            objects: enter(
+                &self.objects,
+                objects.into_iter().map(|o| (ns.to_string(), o)),
+            ),
+            dirs: enter(&self.dirs, dirs.into_iter().map(|d| (ns.to_string(), d))),
+            namespace: enter(&self.namespaces, [ns.to_string()]),
         }
+    }
+
+    /// Completes on the next create or delete of a namespace (create it
+    /// before looking at the namespaces, as [`Registration::notified`]).
+    pub fn namespace_changes(&self) -> Notified<'_> {
+        self.namespace_set.notified()
     }
 
     /// Whether the node stopped applying: waiters give up.
@@ -266,25 +331,38 @@ impl Wakers {
         self.closed.load(Ordering::Relaxed)
     }
 
-    /// Objects and directories with at least one waiter.
+    /// Objects, directories and namespaces with at least one waiter.
     pub fn waited(&self) -> usize {
-        lock(&self.objects).len() + lock(&self.dirs).len()
+        lock(&self.objects).len() + lock(&self.dirs).len() + lock(&self.namespaces).len()
     }
 
-    /// How many times the waiters of `object` were woken (0 if none wait).
-    pub fn wakeups(&self, object: &Object) -> u64 {
+    /// How many times the waiters of `object` in namespace `ns` (its key)
+    /// were woken (0 if none wait).
+    pub fn wakeups(&self, ns: &str, object: &Object) -> u64 {
         lock(&self.objects)
-            .get(object)
+            .get(&(ns.to_string(), object.clone()))
             .map_or(0, |w| w.wakeups.load(Ordering::Relaxed))
     }
 
     /// Wakes the waiters of what `touched` names.
     pub fn wake(&self, touched: &Touched) {
+        if touched.namespace_set {
+            self.namespace_set.notify_waiters();
+        }
         if touched.all {
             self.all.notify_waiters();
             return;
         }
         let mut woken: Vec<Arc<Waiters>> = Vec::new();
+        if !touched.namespaces.is_empty() {
+            let t = lock(&self.namespaces);
+            woken.extend(
+                touched
+                    .namespaces
+                    .iter()
+                    .filter_map(|ns| t.get(ns).cloned()),
+            );
+        }
         {
             let t = lock(&self.objects);
             if !t.is_empty() {
@@ -294,9 +372,15 @@ impl Wakers {
         {
             let t = lock(&self.dirs);
             if !t.is_empty() {
-                for o in &touched.objects {
+                let mut dir = (String::new(), String::new());
+                for (ns, o) in &touched.objects {
                     if let Object::Key(key) = o {
-                        woken.extend(dirs_of(key).filter_map(|d| t.get(d).cloned()));
+                        for d in dirs_of(key) {
+                            dir.0.clone_from(ns);
+                            dir.1.clear();
+                            dir.1.push_str(d);
+                            woken.extend(t.get(&dir).cloned());
+                        }
                     }
                 }
             }
@@ -309,7 +393,12 @@ impl Wakers {
         }
     }
 
-    fn forget(&self, objects: &[(Object, Arc<Waiters>)], dirs: &[(String, Arc<Waiters>)]) {
+    fn forget(
+        &self,
+        objects: &[(In<Object>, Arc<Waiters>)],
+        dirs: &[(In<String>, Arc<Waiters>)],
+        namespace: &[(String, Arc<Waiters>)],
+    ) {
         fn drop_unused<K: std::hash::Hash + Eq>(t: &Table<K>, mine: &[(K, Arc<Waiters>)]) {
             if mine.is_empty() {
                 return;
@@ -324,6 +413,7 @@ impl Wakers {
         }
         drop_unused(&self.objects, objects);
         drop_unused(&self.dirs, dirs);
+        drop_unused(&self.namespaces, namespace);
     }
 }
 
@@ -350,6 +440,7 @@ impl storage::ApplyObserver for Wakers {
     fn stopped(&self) {
         self.closed.store(true, Ordering::Relaxed);
         self.all.notify_waiters();
+        self.namespace_set.notify_waiters();
     }
 }
 
@@ -357,8 +448,9 @@ impl storage::ApplyObserver for Wakers {
 /// waits on.
 pub struct Registration<'a> {
     wakers: &'a Wakers,
-    objects: Vec<(Object, Arc<Waiters>)>,
-    dirs: Vec<(String, Arc<Waiters>)>,
+    objects: Vec<(In<Object>, Arc<Waiters>)>,
+    dirs: Vec<(In<String>, Arc<Waiters>)>,
+    namespace: Vec<(String, Arc<Waiters>)>,
 }
 
 impl Registration<'_> {
@@ -372,6 +464,7 @@ impl Registration<'_> {
             .iter()
             .map(|(_, w)| w)
             .chain(self.dirs.iter().map(|(_, w)| w))
+            .chain(self.namespace.iter().map(|(_, w)| w))
             .map(|w| w.notify.notified());
         AnyNotified(all.chain(each).map(Box::pin).collect())
     }
@@ -379,7 +472,8 @@ impl Registration<'_> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.wakers.forget(&self.objects, &self.dirs);
+        self.wakers
+            .forget(&self.objects, &self.dirs, &self.namespace);
     }
 }
 
@@ -439,14 +533,15 @@ mod tests {
         let mut s = State::new();
         let key = |k: &str| vec![Object::Key(k.into())];
         let (a, b) = (
-            wakers.register(key("a"), vec![]),
-            wakers.register(key("b"), vec![]),
+            wakers.register("", key("a"), vec![]),
+            wakers.register("", key("b"), vec![]),
         );
         assert!(woken(&a, || apply(&wakers, &mut s, &insert("a"))));
         assert!(!woken(&b, || apply(&wakers, &mut s, &insert("a"))));
         assert!(woken(&b, || apply(&wakers, &mut s, &insert("b"))));
         drop(a);
-        assert_eq!(wakers.waited(), 1);
+        // b's key and the default namespace's waiters.
+        assert_eq!(wakers.waited(), 2);
     }
 
     #[test]
@@ -454,12 +549,12 @@ mod tests {
         let wakers = Wakers::default();
         let mut s = State::new();
         let watched = Object::Key("job/watched".into());
-        let watch = wakers.register(vec![watched.clone()], vec![]);
-        let dir = wakers.register(vec![], vec!["job/dir".into()]);
+        let watch = wakers.register("", vec![watched.clone()], vec![]);
+        let dir = wakers.register("", vec![], vec!["job/dir".into()]);
         for i in 0..10_000 {
             apply(&wakers, &mut s, &insert(&format!("job/other/{i}")));
         }
-        assert_eq!(wakers.wakeups(&watched), 0);
+        assert_eq!(wakers.wakeups("", &watched), 0);
         assert!(!woken(&watch, || {}));
         // A write under the watched directory wakes the directory's watch
         // (and not the key's).
@@ -468,20 +563,20 @@ mod tests {
             &mut s,
             &insert("job/dir/x/y")
         )));
-        assert_eq!(wakers.wakeups(&watched), 0);
+        assert_eq!(wakers.wakeups("", &watched), 0);
         assert!(woken(&watch, || apply(
             &wakers,
             &mut s,
             &insert("job/watched")
         )));
-        assert_eq!(wakers.wakeups(&watched), 1);
+        assert_eq!(wakers.wakeups("", &watched), 1);
     }
 
     #[test]
     fn an_epoch_reset_or_a_stop_wakes_everyone() {
         let wakers = Wakers::default();
         let mut s = State::new();
-        let a = wakers.register(vec![Object::Key("a".into())], vec![]);
+        let a = wakers.register("", vec![Object::Key("a".into())], vec![]);
         let reset = Update::from(Command::ResetJobEpoch(ResetJobEpoch::default()));
         assert!(woken(&a, || apply(&wakers, &mut s, &reset)));
         assert!(woken(&a, || wakers.stopped()));

@@ -5,10 +5,13 @@
 //! meanwhile wins).
 
 use journal::pb::closures::ExpireLeases;
-use journal::Update;
 
+use super::coordination::in_namespace;
 use super::{Duty, DutyFuture};
 use crate::core::{now_ms, LocalLeader};
+
+/// A namespace's lapsed leases: queue → closure ids.
+type Expired = Vec<(String, Vec<u64>)>;
 
 /// Puts back closures whose lease lapsed.
 #[derive(Default)]
@@ -26,18 +29,23 @@ impl Duty for ClosuresDuty {
     fn tick<'a>(&'a self, leader: &'a LocalLeader) -> DutyFuture<'a> {
         Box::pin(async move {
             let now = now_ms();
-            let expired = leader
-                .node()
-                .state()
-                .read(|s| s.closures().expired_leases(now));
-            for (queue, closure_ids) in expired {
-                tracing::info!(
-                    queue,
-                    closures = ?closure_ids,
-                    "closure leases lapsed: putting the closures back"
-                );
-                let update = Update::from(ExpireLeases { queue, closure_ids });
-                super::propose(self.name(), leader, &update).await;
+            let expired: Vec<(String, Expired)> = leader.node().state().read(|s| {
+                s.namespaces()
+                    .map(|n| (n.key().to_string(), n.closures().expired_leases(now)))
+                    .filter(|(_, e)| !e.is_empty())
+                    .collect()
+            });
+            for (ns, queues) in expired {
+                for (queue, closure_ids) in queues {
+                    tracing::info!(
+                        namespace = journal::namespace::namespace_name(&ns),
+                        queue,
+                        closures = ?closure_ids,
+                        "closure leases lapsed: putting the closures back"
+                    );
+                    let update = in_namespace(&ns, ExpireLeases { queue, closure_ids });
+                    super::propose(self.name(), leader, &update).await;
+                }
             }
         })
     }

@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use journal::pb::dispatcher::{GarbageCollectIteration, ReleaseIterationClient};
-use journal::Update;
 
+use super::coordination::in_namespace;
 use super::{Duty, DutyFuture};
 
 use crate::core::{now_ms, LocalLeader};
@@ -71,19 +71,24 @@ struct RemoveRequests {
     removed: bool,
 }
 
+/// Something of a namespace (its key: "" for the default one): ids are
+/// drawn per namespace, so the same client id or worker address in two
+/// namespaces are two.
+type In<K> = (String, K);
+
 /// The leader's memory of tf.data clients.
 pub struct DispatcherDuty {
     config: TfDataConfig,
     /// Client id -> its last heartbeat (`None`: acquired, not heard from
     /// yet; never timed out, as upstream).
-    clients: Mutex<HashMap<i64, Option<Instant>>>,
+    clients: Mutex<HashMap<In<i64>, Option<Instant>>>,
     /// Worker address -> its last heartbeat, and whether it was reported
     /// lost since.
-    workers: Mutex<HashMap<String, (Instant, bool)>>,
+    workers: Mutex<HashMap<In<String>, (Instant, bool)>>,
     last_check: Mutex<Option<Instant>>,
     /// MaybeRemoveTask quorums in progress, by task (lost on a leader
     /// change; the consumers ask again).
-    removals: Mutex<HashMap<i64, RemoveRequests>>,
+    removals: Mutex<HashMap<In<i64>, RemoveRequests>>,
 }
 
 impl DispatcherDuty {
@@ -98,7 +103,7 @@ impl DispatcherDuty {
         }
     }
 
-    fn removals(&self) -> std::sync::MutexGuard<'_, HashMap<i64, RemoveRequests>> {
+    fn removals(&self) -> std::sync::MutexGuard<'_, HashMap<In<i64>, RemoveRequests>> {
         self.removals.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -106,14 +111,16 @@ impl DispatcherDuty {
     /// [`REMOVE_QUORUM_WAIT`]) until all `consumers` asked for that round.
     pub async fn remove_quorum(
         &self,
+        ns: &str,
         task: i64,
         consumer: i64,
         round: i64,
         consumers: i64,
     ) -> Quorum {
+        let task = (ns.to_string(), task);
         let done = {
             let mut all = self.removals();
-            let r = all.entry(task).or_insert_with(|| RemoveRequests {
+            let r = all.entry(task.clone()).or_insert_with(|| RemoveRequests {
                 round,
                 consumers: Default::default(),
                 done: Default::default(),
@@ -153,50 +160,52 @@ impl DispatcherDuty {
     }
 
     /// The quorum's removal was applied: every waiting request hears it.
-    pub fn removed(&self, task: i64) {
+    pub fn removed(&self, ns: &str, task: i64) {
         let mut all = self.removals();
-        if let Some(r) = all.get_mut(&task) {
+        if let Some(r) = all.get_mut(&(ns.to_string(), task)) {
             r.removed = true;
             r.done.notify_waiters();
         }
     }
 
-    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Option<Instant>>> {
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<In<i64>, Option<Instant>>> {
         self.clients.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A client was acquired: it is not timed out before its first heartbeat.
-    pub fn acquired(&self, client: i64) {
-        self.clients().insert(client, None);
+    pub fn acquired(&self, ns: &str, client: i64) {
+        self.clients().insert((ns.to_string(), client), None);
     }
 
     /// A client heartbeat reached the leader.
-    pub fn heard(&self, client: i64) {
-        self.clients().insert(client, Some(Instant::now()));
+    pub fn heard(&self, ns: &str, client: i64) {
+        self.clients()
+            .insert((ns.to_string(), client), Some(Instant::now()));
     }
 
     /// A worker heartbeat reached the leader.
-    pub fn heard_worker(&self, address: &str) {
-        self.heard_worker_at(address, Instant::now());
+    pub fn heard_worker(&self, ns: &str, address: &str) {
+        self.heard_worker_at((ns.to_string(), address.to_string()), Instant::now());
     }
 
-    fn heard_worker_at(&self, address: &str, now: Instant) {
+    fn heard_worker_at(&self, worker: In<String>, now: Instant) {
         let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, true)) = workers.get(address) {
+        if let Some((_, true)) = workers.get(&worker) {
             tracing::info!(
-                worker = address,
+                worker = worker.1,
                 "a tf.data worker reported lost is heartbeating again"
             );
         }
-        workers.insert(address.to_string(), (now, false));
+        workers.insert(worker, (now, false));
     }
 
     /// Workers silent for longer than the worker timeout, each reported once
     /// (a worker this leader never heard of counts as seen now).
-    fn lost_workers(&self, known: Vec<String>, now: Instant) -> Vec<String> {
+    fn lost_workers(&self, known: Vec<In<String>>, now: Instant) -> Vec<In<String>> {
         let timeout = Duration::from_millis(self.config.worker_timeout_ms);
         let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
-        workers.retain(|w, _| known.contains(w));
+        let live: std::collections::HashSet<&In<String>> = known.iter().collect();
+        workers.retain(|w, _| live.contains(w));
         let mut lost = Vec::new();
         for w in known {
             let (seen, reported) = workers.entry(w.clone()).or_insert((now, false));
@@ -218,71 +227,79 @@ impl DispatcherDuty {
             *last = Some(now);
         }
         let timeout = Duration::from_millis(self.config.client_timeout_ms);
-        let (active, idle, known) = leader.node().state().read(|s| {
-            let d = s.dispatcher();
-            let known: Vec<String> = d.workers().map(|w| w.address.clone()).collect();
-            let active: Vec<i64> = d
-                .clients()
-                .filter(|(_, it)| d.iteration(*it).is_some_and(|it| !it.finished))
-                .map(|(c, _)| c)
-                .collect();
-            let idle: Vec<(i64, u64)> = d
-                .iterations()
-                .filter(|it| {
-                    !it.finished
-                        && !it.garbage_collected
-                        && it.num_clients == 0
-                        && it.last_released_ms != 0
-                        && it.split_provider.is_none()
-                })
-                .map(|it| (it.id, it.last_released_ms))
-                .collect();
-            (active, idle, known)
+        let mut active: Vec<In<i64>> = Vec::new();
+        let mut idle: Vec<(String, i64, u64)> = Vec::new();
+        let mut known: Vec<In<String>> = Vec::new();
+        leader.node().state().read(|s| {
+            for n in s.namespaces() {
+                let (ns, d) = (n.key(), n.dispatcher());
+                known.extend(d.workers().map(|w| (ns.to_string(), w.address.clone())));
+                active.extend(
+                    d.clients()
+                        .filter(|(_, it)| d.iteration(*it).is_some_and(|it| !it.finished))
+                        .map(|(c, _)| (ns.to_string(), c)),
+                );
+                idle.extend(
+                    d.iterations()
+                        .filter(|it| {
+                            !it.finished
+                                && !it.garbage_collected
+                                && it.num_clients == 0
+                                && it.last_released_ms != 0
+                                && it.split_provider.is_none()
+                        })
+                        .map(|it| (ns.to_string(), it.id, it.last_released_ms)),
+                );
+            }
         });
-        for worker in self.lost_workers(known, now) {
+        for (ns, worker) in self.lost_workers(known, now) {
             tracing::warn!(
+                namespace = journal::namespace::namespace_name(&ns),
                 worker,
                 timeout_ms = self.config.worker_timeout_ms,
                 "a tf.data worker stopped heartbeating; it is lost (its tasks are kept, as upstream)"
             );
         }
-        let stale: Vec<i64> = {
+        let stale: Vec<In<i64>> = {
             let mut clients = self.clients();
-            clients.retain(|c, _| active.contains(c));
+            let live: std::collections::HashSet<&In<i64>> = active.iter().collect();
+            clients.retain(|c, _| live.contains(c));
             active
                 .iter()
                 .filter(|c| {
                     // A client this leader never heard of counts as seen now.
-                    let seen = clients.entry(**c).or_insert(Some(now));
+                    let seen = clients.entry((*c).clone()).or_insert(Some(now));
                     seen.is_some_and(|t| now.duration_since(t) > timeout)
                 })
-                .copied()
+                .cloned()
                 .collect()
         };
-        for client in stale {
+        for (ns, client) in stale {
             tracing::info!(
+                namespace = journal::namespace::namespace_name(&ns),
                 client,
                 "releasing a tf.data client that stopped heartbeating"
             );
-            let update = Update::from(ReleaseIterationClient {
+            let release = ReleaseIterationClient {
                 iteration_client_id: client,
-            });
+            };
+            let update = in_namespace(&ns, release);
             super::propose(self.name(), leader, &update).await;
         }
         if self.config.gc_timeout_ms == 0 {
             return;
         }
         let now_ms = now_ms();
-        for (iteration, released) in idle {
+        for (ns, iteration, released) in idle {
             if now_ms < released.saturating_add(self.config.gc_timeout_ms) {
                 continue;
             }
             tracing::info!(iteration, "garbage collecting an idle tf.data iteration");
-            let update = Update::from(GarbageCollectIteration {
+            let gc = GarbageCollectIteration {
                 iteration_id: iteration,
                 released_at_ms: released,
-            });
-            super::propose(self.name(), leader, &update).await;
+            };
+            super::propose(self.name(), leader, &in_namespace(&ns, gc)).await;
         }
     }
 }
@@ -294,10 +311,15 @@ impl Duty for DispatcherDuty {
 
     fn on_takeover<'a>(&'a self, leader: &'a LocalLeader) -> DutyFuture<'a> {
         Box::pin(async move {
-            let active: Vec<i64> = leader
-                .node()
-                .state()
-                .read(|s| s.dispatcher().clients().map(|(c, _)| c).collect());
+            let active: Vec<In<i64>> = leader.node().state().read(|s| {
+                s.namespaces()
+                    .flat_map(|n| {
+                        let ns = n.key().to_string();
+                        let clients: Vec<i64> = n.dispatcher().clients().map(|(c, _)| c).collect();
+                        clients.into_iter().map(move |c| (ns.clone(), c))
+                    })
+                    .collect()
+            });
             let now = Instant::now();
             let mut clients = self.clients();
             clients.clear();
@@ -329,30 +351,20 @@ mod tests {
         });
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let known = || vec!["w:1".to_string(), "w:2".to_string()];
+        let w = |a: &str| (String::new(), a.to_string());
+        let known = || vec![w("w:1"), w("w:2")];
         // Never heard of by this leader: seen now, not lost.
         assert!(duty.lost_workers(known(), t0).is_empty());
-        duty.heard_worker_at("w:2", at(900));
-        assert_eq!(
-            duty.lost_workers(known(), at(1_500)),
-            vec!["w:1".to_string()]
-        );
+        duty.heard_worker_at(w("w:2"), at(900));
+        assert_eq!(duty.lost_workers(known(), at(1_500)), vec![w("w:1")]);
         // Reported once.
         assert!(duty.lost_workers(known(), at(1_600)).is_empty());
-        duty.heard_worker_at("w:1", at(1_700));
-        assert_eq!(
-            duty.lost_workers(known(), at(2_000)),
-            vec!["w:2".to_string()]
-        );
+        duty.heard_worker_at(w("w:1"), at(1_700));
+        assert_eq!(duty.lost_workers(known(), at(2_000)), vec![w("w:2")]);
         assert!(duty.lost_workers(known(), at(2_600)).is_empty());
-        assert_eq!(
-            duty.lost_workers(known(), at(2_800)),
-            vec!["w:1".to_string()]
-        );
+        assert_eq!(duty.lost_workers(known(), at(2_800)), vec![w("w:1")]);
         // A worker no longer in the state is forgotten.
-        assert!(duty
-            .lost_workers(vec!["w:1".to_string()], at(3_000))
-            .is_empty());
-        assert!(!duty.workers.lock().unwrap().contains_key("w:2"));
+        assert!(duty.lost_workers(vec![w("w:1")], at(3_000)).is_empty());
+        assert!(!duty.workers.lock().unwrap().contains_key(&w("w:2")));
     }
 }

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use journal::{coordination::TaskStatus, DomainError, State};
+use journal::{coordination::TaskStatus, DomainError, Namespace, State};
 use proto::tf::coordination_service_client::CoordinationServiceClient;
 use proto::tf::{CoordinatedTask, CoordinationServiceError, ReportErrorToTaskRequest};
 
@@ -29,10 +29,11 @@ pub const PUSH_ATTEMPTS: u32 = 3;
 /// The leader's error pusher.
 #[derive(Default)]
 pub struct ErrorPusher {
-    /// job name → task addresses by task id (from --tf-cluster-spec).
+    /// The default namespace's tasks: job name → task addresses by task id
+    /// (from --tf-cluster-spec); other namespaces carry theirs in their spec.
     addresses: BTreeMap<String, Vec<String>>,
-    /// Notices pushed in this term: (task, incarnation).
-    pushed: Mutex<HashSet<(u32, u64)>>,
+    /// Notices pushed in this term: (namespace key, task, incarnation).
+    pushed: Mutex<HashSet<(String, u32, u64)>>,
 }
 
 /// One push to make.
@@ -51,7 +52,7 @@ impl ErrorPusher {
         }
     }
 
-    fn pushed(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, u64)>> {
+    fn pushed(&self) -> std::sync::MutexGuard<'_, HashSet<(String, u32, u64)>> {
         self.pushed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -60,20 +61,42 @@ impl ErrorPusher {
         self.pushed().clear();
     }
 
-    /// Starts a push for every standing notice not pushed yet in this term.
+    /// Starts a push for every standing notice not pushed yet in this
+    /// term, in every namespace that knows its tasks' addresses.
     pub fn push_new_notices(&self, state: &State) {
-        if self.addresses.is_empty() {
-            return;
-        }
-        let todo = self.new_pushes(state);
-        for p in todo {
-            tokio::spawn(push(p));
+        // A deleted namespace's pushes are forgotten with it.
+        self.pushed().retain(|(ns, _, _)| {
+            state
+                .namespace(journal::namespace::namespace_name(ns))
+                .is_some()
+        });
+        for n in state.namespaces() {
+            for p in self.new_pushes(n) {
+                tokio::spawn(push(p));
+            }
         }
     }
 
-    fn new_pushes(&self, state: &State) -> Vec<Push> {
+    /// The address of task `id` of `job` in namespace `n`.
+    fn address(&self, n: &Namespace<'_>, job: &str, id: i32) -> Option<String> {
+        let id = usize::try_from(id).ok()?;
+        match n.spec() {
+            None => self.addresses.get(job)?.get(id).cloned(),
+            Some(spec) => spec.tf_addresses.get(job)?.addresses.get(id).cloned(),
+        }
+    }
+
+    fn new_pushes(&self, state: Namespace<'_>) -> Vec<Push> {
+        let has_addresses = match state.spec() {
+            None => !self.addresses.is_empty(),
+            Some(spec) => !spec.tf_addresses.is_empty(),
+        };
+        if !has_addresses {
+            return Vec::new();
+        }
         let mut pushed = self.pushed();
         let mut todo = Vec::new();
+        let ns = state.key();
         for i in 0..state.task_count() {
             let Some(t) = state.coordination().task(i) else {
                 continue;
@@ -81,18 +104,15 @@ impl ErrorPusher {
             let Some(notice) = t.notice.as_ref() else {
                 continue;
             };
-            if t.status() != TaskStatus::Connected || !pushed.insert((i, t.incarnation)) {
+            if t.status() != TaskStatus::Connected
+                || !pushed.insert((ns.to_string(), i, t.incarnation))
+            {
                 continue;
             }
             let Some((job, id)) = state.task_id(i) else {
                 continue;
             };
-            let Some(address) = self
-                .addresses
-                .get(job)
-                .and_then(|a| a.get(id as usize))
-                .cloned()
-            else {
+            let Some(address) = self.address(&state, job, id) else {
                 continue;
             };
             todo.push(Push {
@@ -106,7 +126,7 @@ impl ErrorPusher {
 }
 
 /// The ReportErrorToTask TensorFlow's service sends for `e`.
-fn report_request(state: &State, e: &DomainError) -> ReportErrorToTaskRequest {
+fn report_request(state: Namespace<'_>, e: &DomainError) -> ReportErrorToTaskRequest {
     let source_task = e.source_task.and_then(|i| {
         state.task_id(i).map(|(job, id)| CoordinatedTask {
             job_name: job.to_string(),

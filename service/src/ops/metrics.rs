@@ -51,6 +51,13 @@ pub struct Metrics {
     tfdata_jobs: IntGauge,
     tfdata_workers: IntGauge,
     rss_bytes: IntGauge,
+    namespaces: IntGauge,
+    ns_keys: IntGaugeVec,
+    ns_bytes: IntGaugeVec,
+    ns_tasks: IntGaugeVec,
+    ns_parked: IntGaugeVec,
+    /// Namespaces with series of their own (the largest by keys).
+    ns_series: usize,
 }
 
 impl Metrics {
@@ -156,6 +163,55 @@ impl Metrics {
             ),
             tfdata_jobs: gauge("tfdata_jobs", "tf.data service jobs"),
             tfdata_workers: gauge("tfdata_workers", "tf.data service workers known"),
+            namespaces: gauge(
+                "namespaces",
+                "Namespaces in the cluster, the default one included",
+            ),
+            ns_keys: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "namespace_keys",
+                        "KV keys by namespace (the largest namespaces; the rest as other)",
+                    ),
+                    &["namespace"],
+                )
+                .expect("valid gauge"),
+            ),
+            ns_bytes: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "namespace_kv_bytes",
+                        "Bytes of KV keys and values by namespace (the largest; the rest as other)",
+                    ),
+                    &["namespace"],
+                )
+                .expect("valid gauge"),
+            ),
+            ns_tasks: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "namespace_tasks",
+                        "Tasks by namespace and state (the largest namespaces; the rest as other)",
+                    ),
+                    &["namespace", "state"],
+                )
+                .expect("valid gauge"),
+            ),
+            ns_parked: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "namespace_parked_calls",
+                        "Client calls parked on this node by namespace (the largest; the rest as other)",
+                    ),
+                    &["namespace"],
+                )
+                .expect("valid gauge"),
+            ),
+            ns_series: 20,
             rss_bytes: gauge(
                 "process_resident_memory_bytes",
                 "Resident memory of this process",
@@ -173,6 +229,75 @@ impl Metrics {
             m.registry.register(c).expect("unique metric names");
         }
         m
+    }
+
+    /// The same metrics with series of their own for at most `n` namespaces
+    /// (the largest by keys), the others summed as `other`.
+    pub fn with_namespace_series(mut self, n: usize) -> Self {
+        self.ns_series = n;
+        self
+    }
+
+    /// The per-namespace series: the `ns_series` largest namespaces by
+    /// keys, and every other one summed as `other`; a deleted namespace
+    /// leaves no series behind (the series are made anew at each scrape).
+    fn render_namespaces(&self, core: &Core, s: &journal::State) {
+        struct Row {
+            name: String,
+            keys: u64,
+            bytes: u64,
+            tasks: [u64; 3],
+            parked: u64,
+        }
+        self.namespaces.set(s.namespace_count() as i64);
+        let mut rows: Vec<Row> = s
+            .namespaces()
+            .map(|n| {
+                let c = n.coordination().stats();
+                Row {
+                    name: n.name().to_string(),
+                    keys: c.keys,
+                    bytes: c.kv_bytes,
+                    tasks: c.tasks,
+                    parked: core.parking().parked_in(n.key()),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| b.keys.cmp(&a.keys).then_with(|| a.name.cmp(&b.name)));
+        let mut other = Row {
+            name: "other".into(),
+            keys: 0,
+            bytes: 0,
+            tasks: [0; 3],
+            parked: 0,
+        };
+        let others = rows.len() > self.ns_series;
+        for r in rows.drain(self.ns_series.min(rows.len())..) {
+            other.keys += r.keys;
+            other.bytes += r.bytes;
+            other.parked += r.parked;
+            for i in 0..3 {
+                other.tasks[i] += r.tasks[i];
+            }
+        }
+        if others {
+            rows.push(other);
+        }
+        for v in [&self.ns_keys, &self.ns_bytes, &self.ns_parked] {
+            v.reset();
+        }
+        self.ns_tasks.reset();
+        for r in rows {
+            let l = [r.name.as_str()];
+            self.ns_keys.with_label_values(&l).set(r.keys as i64);
+            self.ns_bytes.with_label_values(&l).set(r.bytes as i64);
+            self.ns_parked.with_label_values(&l).set(r.parked as i64);
+            for (i, state) in ["disconnected", "connected", "error"].iter().enumerate() {
+                self.ns_tasks
+                    .with_label_values(&[r.name.as_str(), *state])
+                    .set(r.tasks[i] as i64);
+            }
+        }
     }
 
     fn record_call(&self, method: &str, code: i32, took: Duration) {
@@ -238,6 +363,7 @@ impl Metrics {
             let d = s.dispatcher();
             self.tfdata_jobs.set(d.jobs().count() as i64);
             self.tfdata_workers.set(d.workers().count() as i64);
+            self.render_namespaces(core, s);
         });
         self.rss_bytes.set(rss_bytes() as i64);
         let mut out = Vec::new();

@@ -29,7 +29,8 @@ dialect! {
 
         async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
             let c = Call::from_request(&req)?;
-            self.area.ready(&c).await?;
+            let not_ready = |e: crate::core::CallError| e.into_status(|d| tf::errors(&self.area, &c, d));
+            self.area.ready(&c).await.map_err(not_ready)?;
             let r = req.into_inner();
             let watch = self.area.watch(&c, &r.key, r.is_directory, r.start_revision).await;
             let rx = watch.map_err(|e| e.into_status(|d| tf::errors(&self.area, &c, d)))?;

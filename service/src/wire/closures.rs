@@ -44,6 +44,7 @@ macro_rules! queue {
             $(
                 async fn $method(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
                     let c = Call::from_request(&req)?;
+                    self.area.admit(&c).await?;
                     $method(&self.area, &c, req.into_inner()).await.map(Response::new)
                 }
             )*

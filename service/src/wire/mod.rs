@@ -130,7 +130,9 @@ where
     Fut: Future<Output = (Call, CallResult<Resp>)>,
 {
     let call = Call::from_request(&req)?;
-    area.ready(&call).await?;
+    if let Err(e) = area.ready(&call).await {
+        return Err(e.into_status(|d| errors(area, &call, d)));
+    }
     let (call, answer) = body(area.clone(), call, req.into_inner()).await;
     answer
         .map(Response::new)

@@ -11,6 +11,7 @@
 //!   (see [`check_external`]).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use journal::Update;
 use prost::Message;
@@ -21,17 +22,23 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::areas::coordination::Coordination;
+use crate::core::namespaces::Namespaces;
 use crate::core::{Call, Core, Retry};
 
 /// The `Node` service of one node.
 pub struct NodeApi {
     area: Coordination,
+    namespaces: Arc<Namespaces>,
 }
 
 impl NodeApi {
     /// The tonic service.
-    pub fn server(area: Coordination, max_message_bytes: usize) -> NodeServer<NodeApi> {
-        NodeServer::new(NodeApi { area })
+    pub fn server(
+        area: Coordination,
+        namespaces: Arc<Namespaces>,
+        max_message_bytes: usize,
+    ) -> NodeServer<NodeApi> {
+        NodeServer::new(NodeApi { area, namespaces })
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
     }
@@ -71,6 +78,46 @@ impl NodeApi {
             .on_leader(c, run_local, run_remote)
             .await
             .map(Response::new)
+    }
+
+    /// Runs a namespace call on the leader: `local` here, or the whole
+    /// call forwarded; the call carries one origin in every attempt.
+    async fn namespace_call<Req: Clone, L, LF, R, RF>(
+        &self,
+        req: Request<Req>,
+        local: L,
+        remote: R,
+    ) -> Result<Response<NamespaceInfo>, Status>
+    where
+        L: Fn(Call, Req) -> LF,
+        LF: Future<Output = Result<Result<NamespaceInfo, Status>, Retry>>,
+        R: Fn(NodeClient<Channel>, Request<Req>) -> RF,
+        RF: Future<Output = Result<Response<NamespaceInfo>, Status>>,
+    {
+        let call = Call::from_request(&req)?;
+        let (c, _lane) = call.with_origin(self.core().router().lanes());
+        let r = req.into_inner();
+        let router = self.core().router();
+        let answer = router
+            .on_leader(
+                &c,
+                || local(c.clone(), r.clone()),
+                |ch| {
+                    let sent = remote(router.node_client(ch), c.forward(r.clone()));
+                    async move { sent.await.map(|resp| Ok(resp.into_inner())) }
+                },
+            )
+            .await?;
+        answer.map(Response::new)
+    }
+
+    /// Refuses a call in a namespace that does not exist (NOT_FOUND, after
+    /// a linearizable read).
+    async fn known(&self, c: &Call) -> Result<(), Status> {
+        let plain = |d: &journal::DomainError| {
+            Status::new(tonic::Code::from_i32(d.code), d.message.clone())
+        };
+        self.core().admit(c).await.map_err(|e| e.into_status(plain))
     }
 }
 
@@ -141,6 +188,7 @@ pub fn status(core: &Core) -> StatusResponse {
             .filter(|(_, n)| *n > 0)
             .map(|(k, n)| (k.to_string(), n))
             .collect(),
+        namespaces: state.read(|s| s.namespace_count() as u64),
     }
 }
 
@@ -148,6 +196,97 @@ pub fn status(core: &Core) -> StatusResponse {
 impl Node for NodeApi {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(status(self.core())))
+    }
+
+    async fn create_namespace(
+        &self,
+        req: Request<CreateNamespaceRequest>,
+    ) -> Result<Response<NamespaceInfo>, Status> {
+        let ns = &self.namespaces;
+        let local = |c: Call, r: CreateNamespaceRequest| async move {
+            ns.create_here(&c, &r.name, &r.settings.unwrap_or_default(), None)
+                .await
+        };
+        let remote = |mut l: NodeClient<Channel>, r| async move { l.create_namespace(r).await };
+        self.namespace_call(req, local, remote).await
+    }
+
+    async fn delete_namespace(
+        &self,
+        req: Request<NamespaceRequest>,
+    ) -> Result<Response<NamespaceInfo>, Status> {
+        let ns = &self.namespaces;
+        let local = |c: Call, r: NamespaceRequest| async move { ns.delete_here(&c, &r.name).await };
+        let remote = |mut l: NodeClient<Channel>, r| async move { l.delete_namespace(r).await };
+        self.namespace_call(req, local, remote).await
+    }
+
+    async fn reset_namespace(
+        &self,
+        req: Request<ResetNamespaceRequest>,
+    ) -> Result<Response<NamespaceInfo>, Status> {
+        let c = Call::from_request(&req)?;
+        let r = req.into_inner();
+        Ok(Response::new(
+            self.namespaces.reset(&c, &r.name, r.tasks).await?,
+        ))
+    }
+
+    async fn get_namespace(
+        &self,
+        req: Request<NamespaceRequest>,
+    ) -> Result<Response<NamespaceInfo>, Status> {
+        let c = Call::from_request(&req)?;
+        Ok(Response::new(
+            self.namespaces.get(&c, &req.into_inner().name).await?,
+        ))
+    }
+
+    async fn list_namespaces(
+        &self,
+        req: Request<ListNamespacesRequest>,
+    ) -> Result<Response<ListNamespacesResponse>, Status> {
+        let namespaces = self.namespaces.list(&Call::from_request(&req)?).await?;
+        Ok(Response::new(ListNamespacesResponse { namespaces }))
+    }
+
+    async fn export_namespace(
+        &self,
+        req: Request<NamespaceRequest>,
+    ) -> Result<Response<ExportNamespaceResponse>, Status> {
+        let c = Call::from_request(&req)?;
+        let file = self.namespaces.export(&c, &req.into_inner().name).await?;
+        Ok(Response::new(ExportNamespaceResponse { file: file.into() }))
+    }
+
+    async fn import_namespace(
+        &self,
+        req: Request<ImportNamespaceRequest>,
+    ) -> Result<Response<NamespaceInfo>, Status> {
+        let ns = &self.namespaces;
+        let local = |c: Call, r: ImportNamespaceRequest| async move {
+            let (export, data) = match storage::backup::Export::parse(r.file.to_vec()) {
+                Ok(parsed) => parsed,
+                Err(e) => {
+                    return Ok(Err(Status::invalid_argument(format!(
+                        "the export file: {e}"
+                    ))))
+                }
+            };
+            let name = if r.name.is_empty() {
+                export.header.name
+            } else {
+                r.name
+            };
+            let settings = NamespaceSettings {
+                port: r.port,
+                tasks: 1,
+                ..Default::default()
+            };
+            ns.create_here(&c, &name, &settings, Some(data)).await
+        };
+        let remote = |mut l: NodeClient<Channel>, r| async move { l.import_namespace(r).await };
+        self.namespace_call(req, local, remote).await
     }
 
     async fn propose(
@@ -158,6 +297,10 @@ impl Node for NodeApi {
         let mut update = Update::decode(req.into_inner().update.as_ref())
             .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
         check_external(&mut update)?;
+        // The update's namespace admits the caller (a peer's forward was
+        // admitted where it arrived).
+        let c = c.in_namespace(journal::namespace::namespace_name(&update.namespace));
+        self.known(&c).await?;
         let applied = self.core().propose(&c, &mut update).await?;
         let outcome = applied.outcome.encode_to_vec().into();
         Ok(Response::new(ProposeResponse {
@@ -168,8 +311,9 @@ impl Node for NodeApi {
 
     async fn kv_get(&self, req: Request<KvGetRequest>) -> Result<Response<KvGetResponse>, Status> {
         let (c, area, node) = (&Call::from_request(&req)?, &self.area, self.core().node());
+        self.known(c).await?;
         let local = |r: KvGetRequest| async move {
-            let mut reply = match area.kv_record_here(c, &r.key) {
+            let mut reply = match area.kv_record_here(c, &r.key).unwrap_or_default() {
                 Some(e) => KvGetResponse {
                     found: true,
                     value: e.value,
@@ -192,8 +336,11 @@ impl Node for NodeApi {
         req: Request<KvListRequest>,
     ) -> Result<Response<KvListResponse>, Status> {
         let (c, area) = (&Call::from_request(&req)?, &self.area);
+        self.known(c).await?;
         let local = |r: KvListRequest| async move {
-            let (entries, revision) = area.kv_list_here(c, &r.prefix, r.limit as usize);
+            let (entries, revision) = area
+                .kv_list_here(c, &r.prefix, r.limit as usize)
+                .unwrap_or_default();
             let entries = entries
                 .into_iter()
                 .map(|(key, value)| KvPair { key, value })

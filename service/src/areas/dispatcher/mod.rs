@@ -16,7 +16,7 @@ pub mod tfgraph;
 use std::future::Future;
 
 use journal::pb::dispatcher as cmd;
-use journal::{DomainError, Outcome, State, Update};
+use journal::{DomainError, Namespace, Outcome, Update};
 use proto::tfdata::dispatcher_service_client::DispatcherServiceClient;
 use proto::tfdata::{self as wire, task_def};
 use tonic::transport::Channel;
@@ -79,6 +79,8 @@ impl Dispatcher {
         RF: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         let router = self.core.router();
+        let plain = |d: &DomainError| status(d);
+        self.core.admit(c).await.map_err(|e| e.into_status(plain))?;
         let (call, _lane) = if exactly_once {
             c.with_origin(router.lanes())
         } else {
@@ -89,7 +91,18 @@ impl Dispatcher {
         let answer = router
             .on_leader(
                 &call,
-                || local(self.clone(), call.clone(), r.clone()),
+                || {
+                    // A namespace that does not exist ends a TF client's
+                    // pipeline (NOT_FOUND), as upstream's unknown ids do.
+                    let missing = self.core.read(&call, |_| ()).err();
+                    let run = local(self.clone(), call.clone(), r.clone());
+                    async move {
+                        match missing {
+                            Some(e) => Ok(Err(e)),
+                            None => run.await,
+                        }
+                    }
+                },
                 |ch| {
                     let client = DispatcherServiceClient::new(ch)
                         .max_decoding_message_size(max)
@@ -115,8 +128,10 @@ impl Dispatcher {
         self.config.version
     }
 
-    fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        self.core.read(&Call::local(), f)
+    /// Reads the call's namespace (its part of the state as it was before
+    /// a delete raced the call: nothing).
+    fn read<T: Default>(&self, c: &Call, f: impl FnOnce(Namespace<'_>) -> T) -> T {
+        self.core.read(c, f).unwrap_or_default()
     }
 
     /// Proposes `update` for call `c` on this node (the leader).
@@ -133,23 +148,28 @@ impl Dispatcher {
     /// `f` of dataset `id`, or NOT_FOUND (confirmed on an up-to-date state).
     async fn dataset<T>(
         &self,
+        c: &Call,
         id: &str,
         f: impl Fn(&journal::dispatcher::Dataset) -> T,
     ) -> Result<Result<T, Status>, Retry> {
         let found = self
-            .read_confirmed(|s| s.dispatcher().dataset(id).map(&f))
+            .read_confirmed(c, |s| s.dispatcher().dataset(id).map(&f))
             .await?;
         Ok(found.ok_or_else(|| Status::not_found(format!("Dataset id {id} not found"))))
     }
 
     /// Reads `f` from the state; when it finds nothing, confirms on an
     /// up-to-date state before answering so.
-    async fn read_confirmed<T>(&self, f: impl Fn(&State) -> Option<T>) -> Result<Option<T>, Retry> {
-        if let Some(v) = self.read(&f) {
+    async fn read_confirmed<T>(
+        &self,
+        c: &Call,
+        f: impl Fn(Namespace<'_>) -> Option<T>,
+    ) -> Result<Option<T>, Retry> {
+        if let Some(v) = self.read(c, &f) {
             return Ok(Some(v));
         }
         self.core.router().leader().read_barrier().await?;
-        Ok(self.read(f))
+        Ok(self.read(c, f))
     }
 
     // ------------------------------------------------------------ workers ----
@@ -176,14 +196,14 @@ impl Dispatcher {
             tags: r.worker_tags.clone(),
             uid: r.worker_uid,
         };
-        if self.read(|s| s.dispatcher().worker_heartbeat_changes(&hb)) {
+        if self.read(c, |s| s.dispatcher().worker_heartbeat_changes(&hb)) {
             if let Err(e) = self.propose(c, hb).await? {
                 return Ok(Err(e));
             }
         }
-        self.duty.heard_worker(&r.worker_address);
+        self.duty.heard_worker(c.namespace_key(), &r.worker_address);
         let current: std::collections::HashSet<i64> = r.current_tasks.iter().copied().collect();
-        Ok(Ok(self.read(|s| {
+        Ok(Ok(self.read(c, |s| {
             let d = s.dispatcher();
             let mine = d.worker_tasks(&r.worker_address);
             let new_tasks = mine
@@ -227,10 +247,10 @@ impl Dispatcher {
     /// GetWorkers.
     pub async fn get_workers(
         &self,
-        _: &Call,
+        c: &Call,
         _: wire::GetWorkersRequest,
     ) -> OnLeader<wire::GetWorkersResponse> {
-        Ok(Ok(self.read(|s| wire::GetWorkersResponse {
+        Ok(Ok(self.read(c, |s| wire::GetWorkersResponse {
             workers: s
                 .dispatcher()
                 .workers()
@@ -255,7 +275,11 @@ impl Dispatcher {
     }
 
     /// The TaskDef of `task`, with its dataset inline.
-    fn task_def(&self, s: &State, task: &journal::dispatcher::Task) -> Option<wire::TaskDef> {
+    fn task_def(
+        &self,
+        s: Namespace<'_>,
+        task: &journal::dispatcher::Task,
+    ) -> Option<wire::TaskDef> {
         let d = s.dispatcher();
         let it = d.iteration(task.iteration_id)?;
         let job = d.job(it.job_id)?;
@@ -290,11 +314,11 @@ impl Dispatcher {
     /// GetDatasetDef (a worker's fallback when a TaskDef has no dataset).
     pub async fn get_dataset_def(
         &self,
-        _: &Call,
+        c: &Call,
         r: wire::GetDatasetDefRequest,
     ) -> OnLeader<wire::GetDatasetDefResponse> {
         let def = self
-            .dataset(&r.dataset_id, |d| d.definition.clone())
+            .dataset(c, &r.dataset_id, |d| d.definition.clone())
             .await?;
         Ok(def.map(|dataset_def| wire::GetDatasetDefResponse { dataset_def }))
     }
@@ -331,10 +355,12 @@ impl Dispatcher {
     /// GetDataServiceMetadata.
     pub async fn get_data_service_metadata(
         &self,
-        _: &Call,
+        c: &Call,
         r: wire::GetDataServiceMetadataRequest,
     ) -> OnLeader<wire::GetDataServiceMetadataResponse> {
-        let meta = self.dataset(&r.dataset_id, |d| d.metadata.clone()).await?;
+        let meta = self
+            .dataset(c, &r.dataset_id, |d| d.metadata.clone())
+            .await?;
         Ok(meta.map(|metadata| wire::GetDataServiceMetadataResponse { metadata }))
     }
 
@@ -384,7 +410,7 @@ impl Dispatcher {
         };
         // A named job that exists is answered from the state: its
         // parameters never change, so no proposal is needed.
-        if let Some(existing) = self.read(|s| s.dispatcher().existing_job(&command)) {
+        if let Some(existing) = self.read(c, |s| s.dispatcher().existing_job(&command)) {
             return Ok(existing
                 .map(|job_id| wire::GetOrCreateJobResponse { job_id })
                 .map_err(|e| status(&e)));
@@ -392,7 +418,7 @@ impl Dispatcher {
         let mut command = command;
         if command.sharding_policy == journal::dispatcher::SHARDING_DYNAMIC {
             let def = match self
-                .dataset(&command.dataset_id, |d| d.definition.clone())
+                .dataset(c, &command.dataset_id, |d| d.definition.clone())
                 .await?
             {
                 Ok(def) => def,
@@ -432,9 +458,9 @@ impl Dispatcher {
                 "the journal answered GetOrCreateIteration without its client",
             )));
         };
-        self.duty.acquired(acquired.client_id);
+        self.duty.acquired(c.namespace_key(), acquired.client_id);
         if acquired.created {
-            let defs: Vec<wire::TaskDef> = self.read(|s| {
+            let defs: Vec<wire::TaskDef> = self.read(c, |s| {
                 let d = s.dispatcher();
                 d.iteration(acquired.iteration_id)
                     .map(|it| {
@@ -505,7 +531,7 @@ impl Dispatcher {
         c: &Call,
         r: wire::MaybeRemoveTaskRequest,
     ) -> OnLeader<wire::MaybeRemoveTaskResponse> {
-        let found = self.read(|s| {
+        let found = self.read(c, |s| {
             let d = s.dispatcher();
             let t = d.task(r.task_id)?;
             let consumers = d
@@ -521,7 +547,13 @@ impl Dispatcher {
             Some((false, Some(consumers))) => {
                 match self
                     .duty
-                    .remove_quorum(r.task_id, r.consumer_index, r.round, consumers)
+                    .remove_quorum(
+                        c.namespace_key(),
+                        r.task_id,
+                        r.consumer_index,
+                        r.round,
+                        consumers,
+                    )
                     .await
                 {
                     crate::duties::dispatcher::Quorum::Reached => {
@@ -530,7 +562,7 @@ impl Dispatcher {
                             .await?
                         {
                             Ok(_) => {
-                                self.duty.removed(r.task_id);
+                                self.duty.removed(c.namespace_key(), r.task_id);
                                 true
                             }
                             Err(e) => return Ok(Err(e)),
@@ -553,7 +585,7 @@ impl Dispatcher {
         let client = r.iteration_client_id;
         // A coordinated read with a task waiting to join: the heartbeat's
         // rounds decide on it (the round-robin protocol), in the journal.
-        let pending = self.read(|s| {
+        let pending = self.read(c, |s| {
             let d = s.dispatcher();
             d.client_iteration(client)
                 .is_some_and(|it| !it.pending.is_empty())
@@ -574,7 +606,7 @@ impl Dispatcher {
             }
         }
         let answer = self
-            .read_confirmed(|s| {
+            .read_confirmed(c, |s| {
                 let d = s.dispatcher();
                 let it = d.client_iteration(client)?;
                 if it.garbage_collected {
@@ -610,7 +642,7 @@ impl Dispatcher {
             .await?;
         Ok(match answer {
             Some(Ok(resp)) => {
-                self.duty.heard(client);
+                self.duty.heard(c.namespace_key(), client);
                 Ok(resp)
             }
             Some(Err(e)) => Err(status(&e)),
