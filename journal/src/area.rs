@@ -23,6 +23,9 @@ pub struct Context<'a> {
     pub(crate) lost: &'a mut Vec<u32>,
     /// Where the apply records what it changes, if anywhere.
     pub(crate) touched: Option<&'a mut Touched>,
+    /// Bytes of the namespace's KV keys and values: the coordination area
+    /// keeps it, the state holds it beside the snapshot (it is derived).
+    pub(crate) kv_bytes: &'a mut u64,
 }
 
 impl Context<'_> {

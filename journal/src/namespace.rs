@@ -61,6 +61,8 @@ pub struct Namespace<'a> {
     pub(crate) epoch: u64,
     pub(crate) spec: Option<&'a NamespaceSpec>,
     pub(crate) last_active_ms: u64,
+    /// Bytes of its KV keys and values (kept beside the state).
+    pub(crate) kv_bytes: u64,
     pub(crate) coordination: &'a coordination::Data,
     pub(crate) dispatcher: &'a dispatcher::Data,
     pub(crate) closures: &'a closures::Data,
@@ -109,6 +111,7 @@ impl<'a> Namespace<'a> {
         coordination::Reader {
             cl: self.cluster(),
             data: self.coordination,
+            kv_bytes: self.kv_bytes,
         }
     }
 
@@ -199,6 +202,16 @@ pub fn unknown(key: &str) -> DomainError {
     errors::with_payload(
         Code::NotFound,
         format!("namespace {} does not exist", namespace_name(key)),
+    )
+}
+
+/// A call the namespace does not admit (its client certificate's names
+/// match none of the namespace's patterns). The payload makes a stock
+/// jaxlib client fail at once instead of retrying its registration.
+pub fn not_admitted(name: &str, why: &str) -> DomainError {
+    errors::with_payload(
+        Code::PermissionDenied,
+        format!("namespace {name} does not admit this client: {why}"),
     )
 }
 

@@ -3,6 +3,8 @@
 //! sessions, snapshots and the state digest — and hands each area's command
 //! to its area (`crate::coordination`, ...).
 
+use std::collections::BTreeMap;
+
 use prost::Message;
 use sha2::{Digest, Sha256};
 
@@ -43,6 +45,10 @@ pub struct State {
     /// Every area's part is always present (`Some`), so equal states encode
     /// equally.
     pub(crate) data: StateData,
+    /// Bytes of KV keys and values by namespace key: derived from `data`
+    /// (counted again when a snapshot is decoded), kept beside it so that a
+    /// snapshot and its digest hold only the state itself.
+    pub(crate) kv_bytes: BTreeMap<String, u64>,
 }
 
 impl Default for State {
@@ -54,6 +60,7 @@ impl Default for State {
                 closures: Some(Default::default()),
                 ..Default::default()
             },
+            kv_bytes: BTreeMap::from([(String::new(), 0)]),
         }
     }
 }
@@ -301,6 +308,13 @@ impl State {
                 }
             }
             n.coordination.check_invariants(cl).map_err(named)?;
+            let counted = coordination::kv_bytes(n.coordination);
+            if n.kv_bytes != counted {
+                return Err(named(format!(
+                    "the store counts {} bytes of keys and values and holds {counted}",
+                    n.kv_bytes
+                )));
+            }
             n.dispatcher.check_invariants(cl).map_err(named)?;
             n.closures.check_invariants(cl).map_err(named)?;
         }
@@ -393,6 +407,10 @@ impl State {
         touched: Option<&'s mut Touched>,
     ) -> Option<(Context<'s>, Areas<'s>)> {
         let (parts, next_call_id) = split_parts(&mut self.data, key)?;
+        if !self.kv_bytes.contains_key(key) {
+            self.kv_bytes.insert(key.to_string(), 0);
+        }
+        let kv_bytes = self.kv_bytes.get_mut(key)?;
         let cx = Context {
             cluster: Cluster {
                 config: parts.config.as_ref(),
@@ -405,6 +423,7 @@ impl State {
             next_call_id,
             lost,
             touched,
+            kv_bytes,
         };
         let areas = Areas {
             coordination: parts.coordination.get_or_insert_with(Default::default),
@@ -548,10 +567,12 @@ impl State {
         if c.port_low > 0 && !(c.port_low..=c.port_high).contains(&spec.port) {
             return Err(namespace::port_outside(spec.port, c.port_low, c.port_high));
         }
+        // Port 0: no port of its own (reached by name on the main port).
         if let Some(other) = self
             .data
             .namespaces
             .iter()
+            .filter(|_| spec.port != 0)
             .find(|(_, n)| n.spec.as_ref().is_some_and(|s| s.port == spec.port))
         {
             return Err(namespace::port_taken(spec.port, other.0));
@@ -583,6 +604,8 @@ impl State {
             Err(e) => return Outcome::err(e),
         };
         let name = c.name.as_str();
+        let bytes = data.coordination.as_ref().map_or(0, coordination::kv_bytes);
+        self.kv_bytes.insert(name.to_string(), bytes);
         self.data.namespaces.insert(name.to_string(), data);
         if c.data.is_none() {
             self.init_areas(name, at_ms);
@@ -603,6 +626,7 @@ impl State {
         if key.is_empty() {
             return Outcome::err(namespace::default_kept());
         }
+        self.kv_bytes.remove(key);
         if self.data.namespaces.remove(key).is_none() {
             return Outcome::err(namespace::unknown(key));
         }
@@ -742,7 +766,7 @@ impl State {
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
         let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
         let c = data.coordination.get_or_insert_with(Default::default);
-        c.kv_bytes = coordination::kv_bytes(c);
+        let mut kv_bytes = BTreeMap::from([(String::new(), coordination::kv_bytes(c))]);
         data.dispatcher.get_or_insert_with(Default::default);
         data.closures.get_or_insert_with(Default::default);
         if let Some(c) = &data.config {
@@ -750,12 +774,12 @@ impl State {
         }
         for (name, n) in &mut data.namespaces {
             let c = n.coordination.get_or_insert_with(Default::default);
-            c.kv_bytes = coordination::kv_bytes(c);
+            kv_bytes.insert(name.clone(), coordination::kv_bytes(c));
             n.dispatcher.get_or_insert_with(Default::default);
             n.closures.get_or_insert_with(Default::default);
             check_namespace(name, n).map_err(SnapshotError)?;
         }
-        let s = State { data };
+        let s = State { data, kv_bytes };
         for n in s.namespaces() {
             let cl = n.cluster();
             let named = |e: String| SnapshotError(format!("namespace {}: {e}", n.name()));
@@ -783,6 +807,11 @@ impl State {
 
     // -------------------------------------------------------------- reads ----
 
+    /// Bytes of KV keys and values in namespace `key`.
+    fn bytes(&self, key: &str) -> u64 {
+        self.kv_bytes.get(key).copied().unwrap_or(0)
+    }
+
     /// The default namespace.
     pub fn default_namespace(&self) -> Namespace<'_> {
         let d = &self.data;
@@ -794,6 +823,7 @@ impl State {
             epoch: d.epoch,
             spec: None,
             last_active_ms: 0,
+            kv_bytes: self.bytes(""),
             // Present from `State::default` and `decode_snapshot` on, the
             // only ways a state is made.
             coordination: d
@@ -812,7 +842,7 @@ impl State {
             return Some(self.default_namespace());
         }
         let (key, n) = self.data.namespaces.get_key_value(key)?;
-        Some(namespace_of(key, n))
+        Some(namespace_of(key, n, self.bytes(key)))
     }
 
     /// Every namespace, the default one first, then by name.
@@ -821,7 +851,7 @@ impl State {
             self.data
                 .namespaces
                 .iter()
-                .map(|(key, n)| namespace_of(key, n)),
+                .map(|(key, n)| namespace_of(key, n, self.bytes(key))),
         )
     }
 
@@ -969,9 +999,10 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
 }
 
 /// The view of namespace `key` stored as `n`.
-fn namespace_of<'a>(key: &'a str, n: &'a NamespaceData) -> Namespace<'a> {
+fn namespace_of<'a>(key: &'a str, n: &'a NamespaceData, kv_bytes: u64) -> Namespace<'a> {
     Namespace {
         key,
+        kv_bytes,
         initialized: n.initialized,
         config: n.config.as_ref(),
         service_incarnation: n.service_incarnation,

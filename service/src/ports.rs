@@ -61,6 +61,7 @@ pub async fn run(core: Arc<Core>, namespaces: Arc<Namespaces>, services: Service
         let want: HashMap<String, u32> = core.state(|s| {
             s.namespaces()
                 .filter_map(|n| Some((n.name().to_string(), n.spec()?.port)))
+                .filter(|(_, port)| *port != 0)
                 .collect()
         });
         // Closed: deleted, or moved to another port (an import).

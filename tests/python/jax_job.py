@@ -43,6 +43,10 @@ def main() -> int:
     p.add_argument("--shutdown-timeout", type=int, default=60, help="shutdown_timeout_seconds")
     p.add_argument("--timeout-ms", type=int, default=30000, help="KV get / barrier timeout")
     p.add_argument("--deadline", type=float, default=180, help="hard bound on the process, s")
+    p.add_argument("--tag", default="", help="prefix of the values this job writes")
+    p.add_argument("--hold-at-barrier", action="store_true",
+                   help="print AT_BARRIER before the first barrier; a process other than 0 "
+                        "enters it only after a line on stdin")
     args = p.parse_args()
     # Native code (gloo) prints to fd 1; keep stdout for our JSON line only
     # and send everything else written to fd 1 to stderr.
@@ -119,14 +123,19 @@ def main() -> int:
     step("devices", devices)
 
     def kv_exchange():
-        client.key_value_set(f"{ns}/pid/{k}", f"process-{k}")
+        client.key_value_set(f"{ns}/pid/{k}", f"{args.tag}process-{k}")
         got = [client.blocking_key_value_get(f"{ns}/pid/{j}", args.timeout_ms) for j in range(n)]
-        need(got == [f"process-{j}" for j in range(n)], f"kv exchange got {got}")
+        need(got == [f"{args.tag}process-{j}" for j in range(n)], f"kv exchange got {got}")
         listing = client.key_value_dir_get(f"{ns}/pid")
         need(len(listing) == n, f"dir_get returned {len(listing)} entries, want {n}")
         detail["kv_values"] = got
     step("kv_exchange", kv_exchange)
 
+    if args.hold_at_barrier:
+        sys.stdout.write("AT_BARRIER\n")
+        sys.stdout.flush()
+        if k != 0:
+            sys.stdin.readline()
     step("barrier", lambda: client.wait_at_barrier(f"{ns}/barrier", args.timeout_ms))
 
     step("sync_global_devices", lambda: multihost_utils.sync_global_devices("coordstore-job-sync"))

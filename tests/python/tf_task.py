@@ -177,6 +177,10 @@ class Task:
         self.check("kv", self.kv)
         self.check("reused_barrier", self.reused_barrier)
         self.check("task_states", self.task_states)
+        if self.args.hold:
+            # Connected, mid-job: the test changes other jobs meanwhile.
+            marker("HOLDING")
+            sys.stdin.readline()
         self.check("end_barrier", self.ctx.wait_at_barrier, "tf/end", 60_000)
         return self.finish()
 
@@ -262,6 +266,8 @@ def main(argv=None) -> int:
     p.add_argument("--heartbeat-timeout-ms", type=int, default=10_000)
     p.add_argument("--learn-within-s", type=float, default=20.0)
     p.add_argument("--deadline", type=float, default=240)
+    p.add_argument("--hold", action="store_true",
+                   help="ops: print HOLDING before the end barrier, go on after a line on stdin")
     args = p.parse_args(argv)
     start_watchdog(args.deadline)
     t = Task(args)

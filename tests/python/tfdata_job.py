@@ -32,6 +32,8 @@ Scenarios (range(N) read through the service with W workers, sharding OFF):
              of the last ten).
   slow-restart  as slow while a worker restarts: every element W times plus
              one repeat of a prefix.
+  held       DYNAMIC sharding of range(N): reads half, prints HALF, reads
+             the rest after a line on stdin: every element once.
 
 Output: JSON lines {"check": NAME, "ok": BOOL, "detail": ...} and a final
 {"check": "summary", ...}; exit 0 when every check passed.
@@ -238,6 +240,18 @@ def run_scenario(scenario: str, service: str, n: int, w: int, dsvc, read) -> Non
             ),
             flush=True,
         )
+    elif scenario == "held":
+        # Half the epoch, a pause the test decides the end of, the rest.
+        ds = tf.data.Dataset.range(n).apply(
+            dsvc.distribute(processing_mode=dsvc.ShardingPolicy.DYNAMIC, service=service)
+        )
+        got = []
+        for x in ds:
+            got.append(int(x))
+            if len(got) == n // 2:
+                print("HALF", flush=True)
+                sys.stdin.readline()
+        expect("held DYNAMIC epoch", got, n, 1)
     elif scenario == "slow-restart":
         # As `slow`, while the test SIGKILLs worker 0 and restarts it on its
         # port: the restarted worker runs its task again from the start, so

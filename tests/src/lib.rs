@@ -645,6 +645,7 @@ pub async fn try_status(addr: &str) -> Option<StatusResponse> {
 pub struct Writer {
     client_id: u64,
     seq: u64,
+    namespace: String,
 }
 
 impl Default for Writer {
@@ -659,6 +660,15 @@ impl Writer {
         Writer {
             client_id: rand::random::<u64>() | 1,
             seq: 0,
+            namespace: String::new(),
+        }
+    }
+
+    /// A writer into namespace `name`.
+    pub fn in_namespace(name: &str) -> Self {
+        Writer {
+            namespace: name.into(),
+            ..Writer::new()
         }
     }
 
@@ -685,6 +695,7 @@ impl Writer {
                 value: value.to_vec().into(),
                 allow_overwrite: true,
             })),
+            namespace: self.namespace.clone(),
             ..Default::default()
         };
         let bytes = u.encode_to_vec();

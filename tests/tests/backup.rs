@@ -308,3 +308,63 @@ async fn bad_backups_and_bad_restores_are_refused_and_write_nothing() {
     let (ok, _, stderr) = restore(&file_s, &target, 1, members, "new").await;
     assert!(ok, "{stderr}");
 }
+
+/// A backup carries every namespace: restored, the new node serves each on
+/// its port with its keys and settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_restores_every_namespace_on_its_port() {
+    use coordstore_tests::ns;
+    let wait = Duration::from_secs(30);
+    let (low, high) = coordstore_tests::free_port_range(&["127.0.0.1"], 2);
+    let range = format!("{low}-{high}");
+    let old = Cluster::start(1, &["--tasks", "1", "--namespace-ports", &range]);
+    let addr = old.nodes[0].addr.clone();
+    old.wait_leader(&[0], wait).await;
+    let mut client = old.client(0, wait).await;
+    for (name, keys) in [("job-a", 2), ("job-b", 3)] {
+        let settings = proto::coordstore::NamespaceSettings {
+            max_keys: Some(10),
+            ..ns::tasks(2)
+        };
+        ns::create(&addr, name, settings).await.unwrap();
+        let mut w = Writer::in_namespace(name);
+        for k in 0..keys {
+            w.put(&mut client, &format!("k{k}"), b"v", wait)
+                .await
+                .unwrap();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backup.csb").display().to_string();
+    let (ok, _, stderr) =
+        coordstore(&["ctl", "--endpoint", &addr, "snapshot", "save", &file]).await;
+    assert!(ok, "{stderr}");
+    drop(old);
+
+    let new_addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.path().join("restored");
+    let (ok, _, stderr) = restore(&file, &data, 1, &format!("1={new_addr}"), "restored").await;
+    assert!(ok, "{stderr}");
+    let root = dir.path().join("cluster");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::rename(&data, root.join("node1")).unwrap();
+    let new = Cluster::start_at_on(
+        std::slice::from_ref(&new_addr),
+        &[
+            "--tasks",
+            "1",
+            "--namespace-ports",
+            &range,
+            "--cluster-id",
+            "restored",
+        ],
+        &root,
+    );
+    for (name, keys) in [("job-a", 2), ("job-b", 3)] {
+        let info = ns::wait_serving(&new, name, wait).await;
+        assert_eq!(info.keys, keys);
+        assert_eq!(info.settings.unwrap().max_keys, Some(10));
+        let got = info.port;
+        assert!((u32::from(low)..=u32::from(high)).contains(&got));
+    }
+}

@@ -926,3 +926,77 @@ async fn a_namespace_moves_to_another_cluster_by_export_and_import() {
     .await;
     assert!(!ok && err.contains("already exists"), "{err}");
 }
+
+/// The tf.data dispatcher and the closure queues are per namespace too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datasets_and_closure_queues_are_per_namespace() {
+    use agent::closures::{Coordinator, QueueConfig, Worker};
+    use proto::tfdata::dispatcher_service_client::DispatcherServiceClient;
+    use proto::tfdata::{GetDataServiceMetadataRequest, GetOrRegisterDatasetRequest};
+
+    let cluster = one_node(2, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    let a = ns::create(&addr, "a", ns::tasks(1)).await.unwrap();
+    let b = ns::create(&addr, "b", ns::tasks(1)).await.unwrap();
+    let dispatcher = |info: &NamespaceInfo| {
+        let at = port(&cluster, info);
+        async move { DispatcherServiceClient::new(wire::channel(&at).await) }
+    };
+    let (mut da, mut db) = (dispatcher(&a).await, dispatcher(&b).await);
+    let id = da
+        .get_or_register_dataset(GetOrRegisterDatasetRequest {
+            dataset: b"graph".to_vec().into(),
+            metadata: b"\x10\x02".to_vec().into(),
+            optional_dataset_id: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .dataset_id;
+    let metadata = |id: &str| GetDataServiceMetadataRequest {
+        dataset_id: id.into(),
+    };
+    da.get_data_service_metadata(metadata(&id)).await.unwrap();
+    let r = db.get_data_service_metadata(metadata(&id)).await;
+    refused("B reads A's dataset", r, Code::NotFound, &[&id]);
+
+    // A queue of A with two closures; B has no such queue, then an empty one.
+    let nodes = vec![addr.clone()];
+    let qa = Coordinator::create_in(&nodes, Some("a"), "q", Some(QueueConfig::default()), "c")
+        .await
+        .unwrap();
+    qa.schedule(b"one".to_vec()).await.unwrap();
+    qa.schedule(b"two".to_vec()).await.unwrap();
+    let wb = Worker::new_in(&nodes, Some("b"), "q", "w").unwrap();
+    let r = wb.get(Duration::from_millis(100)).await;
+    refused(
+        "B's worker on A's queue",
+        r.map(|_| ()),
+        Code::NotFound,
+        &["q"],
+    );
+    Coordinator::create_in(&nodes, Some("b"), "q", Some(QueueConfig::default()), "c")
+        .await
+        .unwrap();
+    let info = ns::get(&addr, "a").await.unwrap();
+    assert_eq!(info.closure_queues[0].queued, 2);
+    assert_eq!(info.tfdata_jobs, 0);
+    // B's worker parks on B's empty queue; A's closures never reach it, and
+    // the delete of B ends its wait with NOT_FOUND.
+    let waiting = tokio::spawn(async move { wb.get(WAIT).await });
+    ns::wait_info(&cluster, 0, "b", WAIT, |n| n.parked_calls == 1).await;
+    let wa = Worker::new_in(&nodes, Some("a"), "q", "w").unwrap();
+    let (got, _) = wa.get(WAIT).await.unwrap().expect("A's closure");
+    assert_eq!(&got.payload[..], b"one");
+    ns::delete(&addr, "b").await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap();
+    refused(
+        "a get in a deleted namespace",
+        r.map(|_| ()),
+        Code::NotFound,
+        &["b", "deleted"],
+    );
+}

@@ -312,3 +312,80 @@ async fn json_log_lines_carry_node_term_and_role_and_slow_requests() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--log-format is text or json"));
 }
+
+/// Per-namespace series for the `--metrics-namespaces` largest namespaces
+/// (by keys) and one `other` for the rest, so a fleet of namespaces cannot
+/// blow up a Prometheus server; `coordstore_namespaces` counts them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_series_are_bounded_and_the_rest_is_other() {
+    use coordstore_tests::ns;
+    let promtool = promtool();
+    let http = metrics_ports(1);
+    let cluster = Cluster::start(
+        1,
+        &[
+            "--tasks",
+            "1",
+            "--metrics-listen",
+            &http[0],
+            "--metrics-namespaces",
+            "2",
+        ],
+    );
+    let addr = cluster.nodes[0].addr.clone();
+    cluster.wait_leader(&[0], Duration::from_secs(30)).await;
+    let mut client = cluster.client(0, Duration::from_secs(30)).await;
+    // Keys: big 3, mid 2, small 1, tiny 1, default 0.
+    for (name, keys) in [("big", 3), ("mid", 2), ("small", 1), ("tiny", 1)] {
+        ns::create(&addr, name, ns::tasks(1)).await.unwrap();
+        let mut w = Writer::in_namespace(name);
+        for k in 0..keys {
+            w.put(&mut client, &format!("k{k}"), b"v", Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
+    }
+    let text = wait_http(&http[0], "/metrics", 200, Duration::from_secs(10));
+    let out = {
+        let mut check = std::process::Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool");
+        check
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        check.wait_with_output().unwrap()
+    };
+    assert!(
+        out.status.success(),
+        "{}{text}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let keys = |ns: &str| {
+        sample(
+            &text,
+            &format!("coordstore_namespace_keys{{namespace=\"{ns}\"}}"),
+        )
+    };
+    assert_eq!(sample(&text, "coordstore_namespaces"), Some(5.0), "{text}");
+    assert_eq!(keys("big"), Some(3.0), "{text}");
+    assert_eq!(keys("mid"), Some(2.0), "{text}");
+    assert_eq!(keys("other"), Some(2.0), "small, tiny and default: {text}");
+    assert_eq!(keys("small"), None, "{text}");
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("coordstore_namespace_keys{"))
+        .count();
+    assert_eq!(series, 3, "{text}");
+    let connected = sample(
+        &text,
+        r#"coordstore_namespace_tasks{namespace="other",state="disconnected"}"#,
+    );
+    assert_eq!(connected, Some(3.0), "{text}");
+}

@@ -178,3 +178,52 @@ fn the_tensorflow_dialect_through_a_relay_survives_its_node() {
     }))
     .expect("heartbeat after the kill");
 }
+
+/// A stock jax.distributed job through `coordstore relay --namespace`: its
+/// state lands in the namespace, none of it in the default one.
+#[test]
+fn a_jax_job_through_a_relay_runs_in_the_relays_namespace() {
+    let cluster = Cluster::start(3, &["--tasks", "1"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let endpoints = cluster.addrs();
+    // Created by name on the main port: the relay needs no namespace port.
+    rt.block_on(coordstore_tests::ns::create(
+        &endpoints[0],
+        "relayed",
+        coordstore_tests::ns::tasks(2),
+    ))
+    .expect("create");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _relay = NodeProc::relay_with(
+        &addr,
+        &endpoints,
+        &["--namespace".to_string(), "relayed".to_string()],
+        cluster.dir.path(),
+    );
+    let mut procs: Vec<PyProc> = (0..2)
+        .map(|k| {
+            let args: Vec<String> = [
+                "--coordinator",
+                addr.as_str(),
+                "--num-processes",
+                "2",
+                "--process-id",
+                &k.to_string(),
+                "--tag",
+                "relayed:",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            PyProc::spawn("jax_job.py", &args, cluster.dir.path())
+        })
+        .collect();
+    for p in &mut procs {
+        p.assert_passes("jax_job", Duration::from_secs(180), || cluster.logs());
+    }
+    let s = rt.block_on(coordstore_tests::journal_state(&endpoints[1]));
+    let relayed = s.namespace("relayed").expect("the namespace");
+    assert!(relayed.coordination().stats().keys >= 2);
+    assert_eq!(s.default_namespace().coordination().stats().keys, 0);
+}

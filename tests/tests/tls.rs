@@ -448,3 +448,119 @@ fn stock_jaxlib_dials_mutual_tls_and_through_the_relay() {
         || cluster.logs(),
     );
 }
+
+/// `--allow-client-name`: a namespace admits a call only if the client
+/// certificate's subject CN or a SAN matches one of its patterns. Stock
+/// jaxlib with job A's certificate runs on A's port and is refused on B's
+/// (PERMISSION_DENIED, nothing changed); namespace ports serve the client
+/// port's TLS.
+#[test]
+fn a_namespace_admits_only_the_client_certificates_it_names() {
+    use proto::coordstore::{CreateNamespaceRequest, NamespaceRequest, NamespaceSettings};
+    use proto::xla::coordination_service_client::CoordinationServiceClient;
+    use proto::xla::RegisterTaskRequest;
+
+    let pki = Pki::new();
+    let job_a = pki.clients.issue("job-a-worker-0", &[]);
+    let job_b = pki.clients.issue("someone", &["job-b.example"]);
+    let (low, high) = coordstore_tests::free_port_range(&["127.0.0.1"], 2);
+    let range = format!("{low}-{high}");
+    let (cluster, _) = tls_cluster(&pki, 1, &["--tasks", "1", "--namespace-ports", &range]);
+    let addr = cluster.nodes[0].addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(wait_leader(
+        std::slice::from_ref(&addr),
+        &[0],
+        &pki.client_tls(),
+    ));
+    let tls_as =
+        |leaf: &Leaf| proto::tls::client(&pki.servers.cert, Some((&leaf.cert, &leaf.key))).unwrap();
+    let mut node = NodeClient::new(rt.block_on(dial(&addr, pki.client_tls())).unwrap());
+    let mut create = |name: &str, allow: &str| {
+        let req = CreateNamespaceRequest {
+            name: name.into(),
+            settings: Some(NamespaceSettings {
+                tasks: 1,
+                allow_client_names: vec![allow.into()],
+                ..Default::default()
+            }),
+        };
+        rt.block_on(node.create_namespace(req))
+            .unwrap()
+            .into_inner()
+    };
+    let a = create("job-a", "job-a-*");
+    let b = create("job-b", "job-b.example");
+    let (port_a, port_b) = (
+        format!("127.0.0.1:{}", a.port),
+        format!("127.0.0.1:{}", b.port),
+    );
+
+    // Exact status, by a gRPC client of the xla dialect.
+    let register = |at: &str, leaf: &Leaf| {
+        let ch = rt.block_on(dial(at, tls_as(leaf))).unwrap();
+        let mut c = CoordinationServiceClient::new(ch);
+        rt.block_on(c.register_task(RegisterTaskRequest {
+            incarnation: 1,
+            source_task_id: 0,
+        }))
+    };
+    let e = register(&port_b, &job_a).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message().contains("job-b") && e.message().contains("job-a-worker-0"),
+        "{e:?}"
+    );
+    let e = register(&port_a, &pki.client).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let get = |node: &mut NodeClient<Channel>, name: &str| {
+        let req = NamespaceRequest { name: name.into() };
+        rt.block_on(node.get_namespace(req)).unwrap().into_inner()
+    };
+    let b_info = get(&mut node, "job-b");
+    assert_eq!(
+        (b_info.tasks_connected, b_info.keys),
+        (0, 0),
+        "a refused call changed B"
+    );
+    // B's certificate (by its SAN) on B's port.
+    register(&port_b, &job_b).expect("B's certificate on B's port");
+
+    // Stock jaxlib with jaxlib's own mTLS options.
+    let ops = |at: &str, leaf: &Leaf| {
+        let args: Vec<String> = [
+            "ops",
+            "--address",
+            at,
+            "--node-id",
+            "0",
+            "--num-tasks",
+            "1",
+            "--deadline",
+            "150",
+            "--init-timeout",
+            "20",
+            "--mtls-ca",
+            &s(&pki.servers.cert),
+            "--mtls-cert",
+            &s(&leaf.cert),
+            "--mtls-key",
+            &s(&leaf.key),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        PyProc::spawn("jax_client.py", &args, cluster.dir.path())
+    };
+    ops(&port_a, &job_a).assert_passes("summary", Duration::from_secs(180), || cluster.logs());
+    let mut refused = ops(&port_b, &job_a);
+    assert!(!refused.wait_exit(Duration::from_secs(120)).success());
+    // jaxlib ends the process at once on the refused registration.
+    let report = refused.report();
+    assert!(
+        report.contains("PERMISSION_DENIED: namespace job-b does not admit this client"),
+        "{report}"
+    );
+    let b_after = get(&mut node, "job-b");
+    assert_eq!((b_after.tasks_connected, b_after.keys), (1, 0));
+}

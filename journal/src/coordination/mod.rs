@@ -34,6 +34,8 @@ use errors::UnknownTaskIn;
 pub struct Reader<'a> {
     pub(crate) cl: Cluster<'a>,
     pub(crate) data: &'a Data,
+    /// Bytes of the store's keys and values (kept beside the state).
+    pub(crate) kv_bytes: u64,
 }
 
 /// The coordination area while a command applies.
@@ -49,6 +51,7 @@ impl Writer<'_, '_> {
         Reader {
             cl: self.cl,
             data: self.data,
+            kv_bytes: *self.cx.kv_bytes,
         }
     }
 
@@ -130,7 +133,7 @@ impl<'a> Reader<'a> {
                 .filter(|b| b.status() == crate::pb::coordination::BarrierStatus::Pending)
                 .count() as u64,
             keys: self.data.kv.len() as u64,
-            kv_bytes: self.data.kv_bytes,
+            kv_bytes: self.kv_bytes,
         }
     }
 
@@ -204,7 +207,7 @@ impl Area for Data {
             cx,
         };
         w.data.kv.clear();
-        w.data.kv_bytes = 0;
+        *w.cx.kv_bytes = 0;
         w.clear_history();
         w.data.barriers.clear();
         w.data.propagated_error = None;

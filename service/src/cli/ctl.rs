@@ -101,7 +101,8 @@ pub struct NsSettings {
     /// A TensorFlow-style job NAME=COUNT (repeatable)
     #[arg(long)]
     pub job: Vec<String>,
-    /// The port [default: the lowest free one of the cluster's range]
+    /// The port [default: the lowest free one of the cluster's range; none
+    /// without a range: the namespace is then reached by name on the main port]
     #[arg(long)]
     pub port: Option<u32>,
     #[arg(long)]

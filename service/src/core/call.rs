@@ -85,24 +85,22 @@ impl Call {
     /// a SAN of their certificate; `*` matches any run of characters; none:
     /// any client) admits this call: PERMISSION_DENIED naming the namespace
     /// if not. A call a peer forwarded was admitted where it arrived.
-    pub fn admit(&self, allow: &[String]) -> Result<(), Status> {
+    pub fn admit(&self, allow: &[String]) -> Result<(), DomainError> {
         if allow.is_empty() || self.from_peer {
             return Ok(());
         }
-        let ns = &self.namespace;
+        let denied = |why: String| Err(journal::namespace::not_admitted(&self.namespace, &why));
         let Some(names) = &self.client_names else {
-            return Err(Status::permission_denied(format!(
-                "namespace {ns} admits only clients with a certificate named {allow:?}; \
-                 this call presented none"
-            )));
+            return denied(format!(
+                "it admits only clients with a certificate named {allow:?}; this call presented none"
+            ));
         };
         if names.iter().any(|n| allow.iter().any(|p| glob(p, n))) {
             return Ok(());
         }
-        Err(Status::permission_denied(format!(
-            "namespace {ns} admits only clients with a certificate named {allow:?}; \
-             this client's certificate names {names:?}"
-        )))
+        denied(format!(
+            "it admits only clients with a certificate named {allow:?}; this client's certificate names {names:?}"
+        ))
     }
 
     /// This call acting in namespace `name` instead.
@@ -512,12 +510,12 @@ mod tests {
         assert!(c.admit(&[]).is_ok(), "no list: any client");
         let allow = vec!["job-a*".to_string()];
         assert_eq!(
-            c.admit(&allow).unwrap_err().code(),
-            tonic::Code::PermissionDenied
+            c.admit(&allow).unwrap_err().code,
+            tonic::Code::PermissionDenied as i32
         );
         c.client_names = Some(vec!["job-b".into()]);
         let e = c.admit(&allow).unwrap_err();
-        assert!(e.message().contains("job-b"), "{e:?}");
+        assert!(e.message.contains("job-b"), "{e:?}");
         c.client_names = Some(vec!["job-b".into(), "job-a.worker-1".into()]);
         assert!(c.admit(&allow).is_ok());
     }

@@ -80,9 +80,12 @@ impl Namespaces {
         };
     }
 
-    fn listener(&self, name: &str) -> String {
+    fn listener(&self, name: &str, port: u32) -> String {
         if namespace_key(name).is_empty() {
             return "serving (the main port)".into();
+        }
+        if port == 0 {
+            return "no port (by name on the main port)".into();
         }
         let l = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
         l.get(name)
@@ -118,13 +121,15 @@ impl Namespaces {
             (None, Ok(parts)) => parts,
         };
         self.core.router().leader().read_barrier().await?;
-        if spec.port == 0 {
-            match self.free_port() {
+        if let (0, Some(range)) = (spec.port, self.policy.ports) {
+            match self.free_port(range) {
                 Ok(p) => spec.port = p,
                 Err(e) => return Ok(Err(e)),
             }
-        } else if let Err(e) = self.check_port(spec.port) {
-            return Ok(Err(e));
+        } else if spec.port != 0 {
+            if let Err(e) = self.check_port(spec.port) {
+                return Ok(Err(e));
+            }
         }
         let (low, high) = self.policy.ports.unwrap_or((0, 0));
         let create = CreateNamespace {
@@ -241,18 +246,15 @@ impl Namespaces {
     pub fn info(&self, c: &Call, name: &str) -> Result<NamespaceInfo, Status> {
         let c = c.clone().in_namespace(name);
         let parked = self.core.parking().parked_in(c.namespace_key());
-        let listener = self.listener(name);
-        self.core.read(&c, |n| describe(n, parked, listener))
+        self.core.read(&c, |n| {
+            let listener = self.listener(name, n.spec().map_or(0, |s| s.port));
+            describe(n, parked, listener)
+        })
     }
 
     /// The lowest port of the range no namespace has and this node can
     /// bind.
-    fn free_port(&self) -> Result<u32, Status> {
-        let Some((low, high)) = self.policy.ports else {
-            return Err(Status::failed_precondition(
-                "no namespace port range is configured (serve --namespace-ports LOW-HIGH); give --port",
-            ));
-        };
+    fn free_port(&self, (low, high): (u16, u16)) -> Result<u32, Status> {
         let used = self.used_ports();
         (low..=high)
             .map(u32::from)
@@ -292,6 +294,7 @@ impl Namespaces {
         self.core.state(|s| {
             s.namespaces()
                 .filter_map(|n| Some((n.spec()?.port, n.name().to_string())))
+                .filter(|(port, _)| *port != 0)
                 .collect()
         })
     }

@@ -16,7 +16,8 @@ pub mod tfgraph;
 use std::future::Future;
 
 use journal::pb::dispatcher as cmd;
-use journal::{DomainError, Namespace, Outcome, Update};
+use journal::pb::update::Command;
+use journal::{DomainError, Namespace, Outcome};
 use proto::tfdata::dispatcher_service_client::DispatcherServiceClient;
 use proto::tfdata::{self as wire, task_def};
 use tonic::transport::Channel;
@@ -135,9 +136,8 @@ impl Dispatcher {
     }
 
     /// Proposes `update` for call `c` on this node (the leader).
-    async fn propose(&self, c: &Call, update: impl Into<Update>) -> OnLeader<Outcome> {
-        let mut u = update.into();
-        u.origin = c.origin();
+    async fn propose(&self, c: &Call, command: impl Into<Command>) -> OnLeader<Outcome> {
+        let u = c.update(command);
         let applied = self.core.router().leader().propose(&u).await?;
         Ok(match applied.outcome.error {
             Some(e) => Err(status(&e)),
