@@ -12,6 +12,7 @@ pub mod handoff;
 pub mod jax_latency;
 pub mod kv;
 pub mod memory;
+pub mod namespaces;
 pub mod parked;
 pub mod peers;
 pub mod propose;

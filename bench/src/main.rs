@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
-    barrier, closures, failover, handoff, jax_latency, kv, memory, parked, propose, replay, tfdata,
+    barrier, closures, failover, handoff, jax_latency, kv, memory, namespaces, parked, propose,
+    replay, tfdata,
 };
 
 #[derive(Parser)]
@@ -159,6 +160,26 @@ enum Suite {
         /// Worker deaths (lease 1 s).
         #[arg(long, default_value_t = 6)]
         deaths: usize,
+    },
+    /// Many jobs on one 3-node cluster: M namespaces of T tasks at once,
+    /// against one namespace of M × T tasks and the M one after another;
+    /// the RSS of an empty namespace; create → registered on a follower.
+    Namespaces {
+        /// Namespaces (M).
+        #[arg(long, default_value_t = 100)]
+        namespaces: usize,
+        /// Tasks in each (T).
+        #[arg(long, default_value_t = 16)]
+        tasks: usize,
+        /// Rounds of the three runs.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Empty namespaces for the RSS measurement.
+        #[arg(long, default_value_t = 1000)]
+        empty: usize,
+        /// Create → registered samples.
+        #[arg(long, default_value_t = 50)]
+        creates: usize,
     },
     /// tf.data dispatcher call latency, coordstore beside TensorFlow 2.21's
     /// own dispatcher (in memory and fault tolerant).
@@ -386,6 +407,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::fs::write(&path, serde_json::to_string_pretty(&r)?)?;
             let md = closures::table(&r);
             std::fs::write(cli.out.join("closures.md"), &md)?;
+            println!("{md}");
+            eprintln!("results: {}", path.display());
+            return Ok(());
+        }
+        Suite::Namespaces {
+            namespaces: m,
+            tasks,
+            rounds,
+            empty,
+            creates,
+        } => {
+            let load = namespaces::Load {
+                namespaces: m,
+                tasks,
+                rounds,
+                empty,
+                creates,
+            };
+            let r = namespaces::run(load).await?;
+            let path = cli.out.join(format!("namespaces-{stamp}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(&r)?)?;
+            let md = namespaces::table(&r);
+            std::fs::write(cli.out.join("namespaces.md"), &md)?;
             println!("{md}");
             eprintln!("results: {}", path.display());
             return Ok(());

@@ -157,9 +157,29 @@ impl LazyFs {
     /// Unmounts, keeping every write (a clean shutdown).
     pub fn unmount(&mut self) -> io::Result<()> {
         match self.session.take() {
-            Some(s) => s.umount_and_join(),
+            Some(s) => match s.umount_and_join() {
+                // The session's last read of /dev/fuse ends with ENODEV once
+                // the mount is gone, but on the 6.18 kernel the full suite
+                // ran on it once ended with ECONNABORTED (the connection
+                // aborted by the unmount): with the mount gone, that is the
+                // same clean end.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted && !self.is_mounted() => {
+                    Ok(())
+                }
+                r => r,
+            },
             None => Ok(()),
         }
+    }
+
+    /// Whether the mount point is still mounted (per /proc/self/mountinfo).
+    fn is_mounted(&self) -> bool {
+        let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return true;
+        };
+        let point = self.mountpoint.to_string_lossy();
+        info.lines()
+            .any(|l| l.split_whitespace().nth(4) == Some(point.as_ref()))
     }
 
     /// The backing directory.
