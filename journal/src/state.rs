@@ -45,9 +45,11 @@ pub struct State {
     /// Every area's part is always present (`Some`), so equal states encode
     /// equally.
     pub(crate) data: StateData,
-    /// Bytes of KV keys and values by namespace key: derived from `data`
-    /// (counted again when a snapshot is decoded), kept beside it so that a
-    /// snapshot and its digest hold only the state itself.
+    /// Bytes of KV keys and values in the default namespace, and by key in
+    /// the others: derived from `data` (counted again when a snapshot is
+    /// decoded), kept beside it so that a snapshot and its digest hold only
+    /// the state itself.
+    pub(crate) default_kv_bytes: u64,
     pub(crate) kv_bytes: BTreeMap<String, u64>,
 }
 
@@ -60,7 +62,8 @@ impl Default for State {
                 closures: Some(Default::default()),
                 ..Default::default()
             },
-            kv_bytes: BTreeMap::from([(String::new(), 0)]),
+            default_kv_bytes: 0,
+            kv_bytes: BTreeMap::new(),
         }
     }
 }
@@ -323,7 +326,10 @@ impl State {
 
     /// The job epoch of namespace `key` (0 if it does not exist).
     fn epoch_of(&self, key: &str) -> u64 {
-        self.namespace(key).map_or(0, |n| n.epoch)
+        if key.is_empty() {
+            return self.data.epoch;
+        }
+        self.data.namespaces.get(key).map_or(0, |n| n.epoch)
     }
 
     fn apply_command(&mut self, u: &Update, mut touched: Option<&mut Touched>) -> Outcome {
@@ -407,10 +413,15 @@ impl State {
         touched: Option<&'s mut Touched>,
     ) -> Option<(Context<'s>, Areas<'s>)> {
         let (parts, next_call_id) = split_parts(&mut self.data, key)?;
-        if !self.kv_bytes.contains_key(key) {
-            self.kv_bytes.insert(key.to_string(), 0);
-        }
-        let kv_bytes = self.kv_bytes.get_mut(key)?;
+        let kv_bytes = if key.is_empty() {
+            &mut self.default_kv_bytes
+        } else {
+            // Every namespace has its count from its create on.
+            if !self.kv_bytes.contains_key(key) {
+                self.kv_bytes.insert(key.to_string(), 0);
+            }
+            self.kv_bytes.get_mut(key)?
+        };
         let cx = Context {
             cluster: Cluster {
                 config: parts.config.as_ref(),
@@ -766,7 +777,8 @@ impl State {
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
         let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
         let c = data.coordination.get_or_insert_with(Default::default);
-        let mut kv_bytes = BTreeMap::from([(String::new(), coordination::kv_bytes(c))]);
+        let default_kv_bytes = coordination::kv_bytes(c);
+        let mut kv_bytes = BTreeMap::new();
         data.dispatcher.get_or_insert_with(Default::default);
         data.closures.get_or_insert_with(Default::default);
         if let Some(c) = &data.config {
@@ -779,7 +791,11 @@ impl State {
             n.closures.get_or_insert_with(Default::default);
             check_namespace(name, n).map_err(SnapshotError)?;
         }
-        let s = State { data, kv_bytes };
+        let s = State {
+            data,
+            default_kv_bytes,
+            kv_bytes,
+        };
         for n in s.namespaces() {
             let cl = n.cluster();
             let named = |e: String| SnapshotError(format!("namespace {}: {e}", n.name()));
@@ -809,6 +825,9 @@ impl State {
 
     /// Bytes of KV keys and values in namespace `key`.
     fn bytes(&self, key: &str) -> u64 {
+        if key.is_empty() {
+            return self.default_kv_bytes;
+        }
         self.kv_bytes.get(key).copied().unwrap_or(0)
     }
 

@@ -8,6 +8,7 @@ use super::errors;
 use super::keys::{dir_prefix, normalize_key};
 use super::{Reader, Writer};
 use crate::area::Object;
+use crate::cluster::Cluster;
 use crate::pb::coordination::{KvEvent, KvInsert, KvRecord};
 use crate::pb::Outcome;
 
@@ -67,17 +68,17 @@ pub(crate) fn check_store(d: &super::Data) -> Result<(), String> {
     }
 }
 
-impl Writer<'_, '_> {
-    /// Refuses a write that takes the store from `before` to `after` bytes
-    /// past the namespace's bound (a write that shrinks it always passes).
-    fn check_bytes(&self, before: u64, after: u64) -> Result<(), crate::DomainError> {
-        let max = self.cl.max_bytes;
-        if max > 0 && after > max && after > before {
-            return Err(errors::too_many_bytes(self.cl.namespace(), after, max));
-        }
-        Ok(())
+/// Refuses a write that takes the store from `before` to `after` bytes
+/// past the namespace's bound (a write that shrinks it always passes).
+fn check_bytes(cl: Cluster<'_>, before: u64, after: u64) -> Result<(), crate::DomainError> {
+    let max = cl.max_bytes;
+    if max > 0 && after > max && after > before {
+        return Err(errors::too_many_bytes(cl.namespace(), after, max));
     }
+    Ok(())
+}
 
+impl Writer<'_, '_> {
     /// Refuses a new key past the namespace's bound on keys.
     fn check_keys(&self) -> Result<(), crate::DomainError> {
         let limit = self.cl.cfg().max_keys;
@@ -87,56 +88,52 @@ impl Writer<'_, '_> {
         Ok(())
     }
 
-    /// Sets `key` (normalised) to `value` at revision `rev`, counted in the
-    /// store's bytes and its history.
-    fn kv_set(&mut self, key: String, value: &Bytes, rev: u64) {
-        self.record_event(rev, &key, value, false);
-        let added = entry_bytes(&key, value);
-        match self.data.kv.get_mut(&key) {
-            Some(e) => {
-                *self.cx.kv_bytes -= entry_bytes(&key, &e.value);
-                e.value = value.clone();
-                e.mod_revision = rev;
+    /// Sets `key` (normalised) to `value` at the next revision, counted in
+    /// the store's bytes and its history, if the namespace's bounds allow:
+    /// an overwrite looks the key up once, a new key twice (the look and
+    /// the insert), as the store did before it counted bytes.
+    fn kv_set(
+        &mut self,
+        key: String,
+        value: &Bytes,
+        allow_overwrite: bool,
+    ) -> Result<(), crate::DomainError> {
+        let rev = self.data.kv_revision + 1;
+        let (before, added) = (*self.cx.kv_bytes, entry_bytes(&key, value));
+        if let Some(e) = self.data.kv.get_mut(&key) {
+            if !allow_overwrite {
+                return Err(errors::key_exists(&key));
             }
-            None => {
-                self.data.kv.insert(
-                    key,
-                    KvRecord {
-                        value: value.clone(),
-                        create_revision: rev,
-                        mod_revision: rev,
-                    },
-                );
-            }
+            let after = before - entry_bytes(&key, &e.value) + added;
+            check_bytes(self.cl, before, after)?;
+            e.value = value.clone();
+            e.mod_revision = rev;
+            *self.cx.kv_bytes = after;
+        } else {
+            self.check_keys()?;
+            check_bytes(self.cl, before, before + added)?;
+            let record = KvRecord {
+                value: value.clone(),
+                create_revision: rev,
+                mod_revision: rev,
+            };
+            self.record_event(rev, &key, value, false);
+            self.data.kv.insert(key, record);
+            *self.cx.kv_bytes = before + added;
+            self.data.kv_revision = rev;
+            return Ok(());
         }
-        *self.cx.kv_bytes += added;
+        self.record_event(rev, &key, value, false);
         self.data.kv_revision = rev;
-    }
-
-    /// What the store's bytes become when `key` is set to `value`.
-    fn bytes_with(&self, key: &str, value: &[u8]) -> u64 {
-        let old = self
-            .data
-            .kv
-            .get(key)
-            .map_or(0, |e| entry_bytes(key, &e.value));
-        *self.cx.kv_bytes - old + entry_bytes(key, value)
+        Ok(())
     }
 
     pub(crate) fn kv_insert(&mut self, c: &KvInsert) -> Outcome {
         let key = normalize_key(&c.key);
-        let exists = self.data.kv.contains_key(&key);
-        if exists && !c.allow_overwrite {
-            return Outcome::err(errors::key_exists(&key));
+        match self.kv_set(key, &c.value, c.allow_overwrite) {
+            Ok(()) => Outcome::ok(),
+            Err(e) => Outcome::err(e),
         }
-        let checked = if exists { Ok(()) } else { self.check_keys() }
-            .and_then(|()| self.check_bytes(*self.cx.kv_bytes, self.bytes_with(&key, &c.value)));
-        if let Err(e) = checked {
-            return Outcome::err(e);
-        }
-        let rev = self.data.kv_revision + 1;
-        self.kv_set(key, &c.value, rev);
-        Outcome::ok()
     }
 
     /// Deletes the key and everything under it; deleting nothing is OK.
@@ -240,15 +237,10 @@ impl Writer<'_, '_> {
             return Outcome::err(errors::increment_overflow(&key));
         };
         let value = Bytes::from(next.to_string());
-        let exists = self.data.kv.contains_key(&key);
-        let checked = if exists { Ok(()) } else { self.check_keys() }
-            .and_then(|()| self.check_bytes(*self.cx.kv_bytes, self.bytes_with(&key, &value)));
-        if let Err(e) = checked {
-            return Outcome::err(e);
+        match self.kv_set(key, &value, true) {
+            Ok(()) => super::incremented(next),
+            Err(e) => Outcome::err(e),
         }
-        let rev = self.data.kv_revision + 1;
-        self.kv_set(key, &value, rev);
-        super::incremented(next)
     }
 }
 

@@ -6,6 +6,7 @@
 //! ([`proto::origin::WireOrigin`], the [`ORIGIN_HEADER`]) and its journal
 //! form (`journal::pb::Origin`) here and nowhere else.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use journal::pb::{update::Command, DomainError, Origin};
 use journal::Update;
 use proto::origin::{Lane, Lanes, WireOrigin};
 use tonic::metadata::MetadataMap;
+use tonic::transport::CertificateDer;
 use tonic::{Request, Status};
 
 pub use proto::ORIGIN_HEADER;
@@ -49,10 +51,13 @@ pub struct Call {
     named_in: OnceLock<u64>,
     deadline: Option<Instant>,
     forwarded: bool,
-    namespace: String,
-    /// The names of the client's certificate (subject CN and SANs); `None`
-    /// without one (no mutual TLS).
-    client_names: Option<Vec<String>>,
+    /// Borrowed for the default namespace (no allocation on its calls).
+    namespace: Cow<'static, str>,
+    /// The client's certificate chain (mutual TLS), if it presented one.
+    peer_certs: Option<std::sync::Arc<Vec<CertificateDer<'static>>>>,
+    /// The names of its certificate (subject CN and SANs), read only when a
+    /// namespace with an allow-list asks; `None` without one.
+    client_names: OnceLock<Option<Vec<String>>>,
     /// Arrived on the peer port.
     from_peer: bool,
 }
@@ -64,19 +69,18 @@ impl Call {
     pub fn from_request<T>(req: &Request<T>) -> Result<Call, Status> {
         let md = req.metadata();
         let namespace = match req.extensions().get::<PortNamespace>() {
-            Some(PortNamespace(name)) => name.clone(),
+            Some(PortNamespace(name)) => Cow::Owned(name.clone()),
             None => header_namespace(md)?,
         };
-        let client_names = req
-            .peer_certs()
-            .map(|certs| certs.first().map(|c| cert_names(c)).unwrap_or_default());
+
         Ok(Call {
             origin: header_origin(md)?,
             named_in: OnceLock::new(),
             deadline: grpc_timeout(md).map(|t| Instant::now() + t),
             forwarded: md.contains_key(FORWARDED),
             namespace,
-            client_names,
+            peer_certs: req.peer_certs(),
+            client_names: OnceLock::new(),
             from_peer: req.extensions().get::<PeerPort>().is_some(),
         })
     }
@@ -90,7 +94,7 @@ impl Call {
             return Ok(());
         }
         let denied = |why: String| Err(journal::namespace::not_admitted(&self.namespace, &why));
-        let Some(names) = &self.client_names else {
+        let Some(names) = self.client_names() else {
             return denied(format!(
                 "it admits only clients with a certificate named {allow:?}; this call presented none"
             ));
@@ -103,9 +107,24 @@ impl Call {
         ))
     }
 
+    /// The names of the client's certificate (subject CN and SANs); `None`
+    /// without one.
+    fn client_names(&self) -> Option<&[String]> {
+        self.client_names
+            .get_or_init(|| {
+                let certs = self.peer_certs.as_ref()?;
+                Some(certs.first().map(|c| cert_names(c)).unwrap_or_default())
+            })
+            .as_deref()
+    }
+
     /// This call acting in namespace `name` instead.
     pub fn in_namespace(mut self, name: &str) -> Call {
-        self.namespace = name.to_string();
+        self.namespace = if name == DEFAULT_NAMESPACE {
+            Cow::Borrowed(DEFAULT_NAMESPACE)
+        } else {
+            Cow::Owned(name.to_string())
+        };
         self
     }
 
@@ -117,8 +136,9 @@ impl Call {
             named_in: OnceLock::new(),
             deadline: None,
             forwarded: false,
-            namespace: DEFAULT_NAMESPACE.to_string(),
-            client_names: None,
+            namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
+            peer_certs: None,
+            client_names: OnceLock::new(),
             from_peer: true,
         }
     }
@@ -365,9 +385,9 @@ fn glob(pattern: &str, name: &str) -> bool {
 
 /// The namespace `md` names in [`NAMESPACE_HEADER`] (a DNS label), or the
 /// default one.
-fn header_namespace(md: &MetadataMap) -> Result<String, Status> {
+fn header_namespace(md: &MetadataMap) -> Result<Cow<'static, str>, Status> {
     let Some(v) = md.get(NAMESPACE_HEADER) else {
-        return Ok(DEFAULT_NAMESPACE.to_string());
+        return Ok(Cow::Borrowed(DEFAULT_NAMESPACE));
     };
     let name = v.to_str().unwrap_or_default();
     if !journal::namespace::valid_name(name) {
@@ -376,7 +396,7 @@ fn header_namespace(md: &MetadataMap) -> Result<String, Status> {
             String::from_utf8_lossy(v.as_bytes())
         )));
     }
-    Ok(name.to_string())
+    Ok(Cow::Owned(name.to_string()))
 }
 
 /// The caller's timeout from `grpc-timeout` (gRPC over HTTP/2: up to eight
@@ -513,10 +533,10 @@ mod tests {
             c.admit(&allow).unwrap_err().code,
             tonic::Code::PermissionDenied as i32
         );
-        c.client_names = Some(vec!["job-b".into()]);
+        c.client_names = OnceLock::from(Some(vec!["job-b".into()]));
         let e = c.admit(&allow).unwrap_err();
         assert!(e.message.contains("job-b"), "{e:?}");
-        c.client_names = Some(vec!["job-b".into(), "job-a.worker-1".into()]);
+        c.client_names = OnceLock::from(Some(vec!["job-b".into(), "job-a.worker-1".into()]));
         assert!(c.admit(&allow).is_ok());
     }
 
