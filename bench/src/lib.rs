@@ -18,6 +18,7 @@ pub mod peers;
 pub mod propose;
 pub mod replay;
 pub mod report;
+pub mod scale;
 pub mod stats;
 pub mod tfdata;
 

@@ -10,7 +10,7 @@ use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
     barrier, closures, failover, handoff, jax_latency, kv, memory, namespaces, parked, propose,
-    replay, tfdata,
+    replay, scale, tfdata,
 };
 
 #[derive(Parser)]
@@ -160,6 +160,31 @@ enum Suite {
         /// Worker deaths (lease 1 s).
         #[arg(long, default_value_t = 6)]
         deaths: usize,
+    },
+    /// One job of N simulated jaxlib tasks (or M jobs of N/M in namespaces)
+    /// through register, topology exchange, barrier, steady heartbeats and
+    /// shutdown: coordstore 1 and 3 nodes beside jaxlib's built-in service.
+    Scale {
+        /// Task counts (N).
+        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
+        tasks: Vec<usize>,
+        /// Jobs (namespaces) the N tasks are split into.
+        #[arg(long, default_value_t = 1)]
+        namespaces: usize,
+        /// Tasks per HTTP/2 connection [default: 1, or as many as the
+        /// file-descriptor limit needs]
+        #[arg(long)]
+        tasks_per_conn: Option<usize>,
+        /// Seconds of the steady phase.
+        #[arg(long, default_value_t = 60.0)]
+        steady_seconds: f64,
+        /// The job's heartbeat timeout, s (jaxlib heartbeats every half:
+        /// jax's default 100 s → every 50 s).
+        #[arg(long, default_value_t = 100)]
+        heartbeat_timeout_s: u64,
+        /// A call slower than this counts as an error, s.
+        #[arg(long, default_value_t = 300)]
+        call_timeout_s: u64,
     },
     /// Many jobs on one 3-node cluster: M namespaces of T tasks at once,
     /// against one namespace of M × T tasks and the M one after another;
@@ -408,6 +433,46 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let md = closures::table(&r);
             std::fs::write(cli.out.join("closures.md"), &md)?;
             println!("{md}");
+            eprintln!("results: {}", path.display());
+            return Ok(());
+        }
+        Suite::Scale {
+            tasks,
+            namespaces: m,
+            tasks_per_conn,
+            steady_seconds,
+            heartbeat_timeout_s,
+            call_timeout_s,
+        } => {
+            let load = scale::Load {
+                tasks,
+                namespaces: m,
+                tasks_per_conn,
+                steady: std::time::Duration::from_secs_f64(steady_seconds),
+                heartbeat_timeout: std::time::Duration::from_secs(heartbeat_timeout_s),
+                call_timeout: std::time::Duration::from_secs(call_timeout_s),
+            };
+            let peers: Vec<PeerKind> = if cli.peers.is_empty() {
+                vec![
+                    PeerKind::Coordstore1,
+                    PeerKind::Coordstore3,
+                    PeerKind::Builtin,
+                ]
+            } else {
+                cli.peers.clone()
+            };
+            let rows = scale::run(&peers, &load).await?;
+            let name = if m > 1 { "scale-fleet" } else { "scale" };
+            let path = cli.out.join(format!("{name}-{stamp}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(&rows)?)?;
+            let md = format!("{}\n{}", report.machine.line(), scale::table(&rows));
+            std::fs::write(cli.out.join(format!("{name}.md")), &md)?;
+            println!("{md}");
+            let png = cli.out.join(format!("{name}.png"));
+            match scale::chart(&rows, &png) {
+                Ok(()) => eprintln!("chart: {}", png.display()),
+                Err(e) => eprintln!("no chart: {e:#}"),
+            }
             eprintln!("results: {}", path.display());
             return Ok(());
         }

@@ -98,8 +98,32 @@ impl Peer {
 
     /// As [`Peer::start`], with extra `coordstore serve` flags.
     pub async fn start_with(kind: PeerKind, tasks: u32, extra: &[&str]) -> anyhow::Result<Peer> {
+        let hb = Duration::from_secs(HEARTBEAT_TIMEOUT_S);
+        let mut peer = Self::launch_with(kind, tasks, hb, extra).await?;
+        if kind.is_xla() {
+            peer.register_all(tasks.max(1) as usize).await?;
+        }
+        Ok(peer)
+    }
+
+    /// Starts `kind` for a job of `tasks` tasks with heartbeat timeout
+    /// `heartbeat_timeout` and waits until it serves, registering no task.
+    pub async fn launch(
+        kind: PeerKind,
+        tasks: u32,
+        heartbeat_timeout: Duration,
+    ) -> anyhow::Result<Peer> {
+        Self::launch_with(kind, tasks, heartbeat_timeout, &[]).await
+    }
+
+    async fn launch_with(
+        kind: PeerKind,
+        tasks: u32,
+        heartbeat_timeout: Duration,
+        extra: &[&str],
+    ) -> anyhow::Result<Peer> {
         let tasks_s = tasks.to_string();
-        let hb = (HEARTBEAT_TIMEOUT_S * 1000).to_string();
+        let hb = heartbeat_timeout.as_millis().to_string();
         let mut metrics = Vec::new();
         let inner = match kind {
             PeerKind::Coordstore3 | PeerKind::Coordstore1 => {
@@ -141,7 +165,7 @@ impl Peer {
                         "--num-tasks".into(),
                         tasks_s.clone(),
                         "--heartbeat-timeout".into(),
-                        HEARTBEAT_TIMEOUT_S.to_string(),
+                        heartbeat_timeout.as_secs().max(1).to_string(),
                         "--seconds".into(),
                         "7200".into(),
                     ],
@@ -170,17 +194,13 @@ impl Peer {
                 }
             }
         };
-        let mut peer = Peer {
+        Ok(Peer {
             kind,
             inner,
             service_incarnation: 0,
             register_ms: 0.0,
             metrics,
-        };
-        if kind.is_xla() {
-            peer.register_all(tasks.max(1) as usize).await?;
-        }
-        Ok(peer)
+        })
     }
 
     /// Registers tasks 0..n at once, over ⌈n/128⌉ connections to the

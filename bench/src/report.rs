@@ -612,6 +612,59 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(214, 39, 40),
 ];
 
+/// A line chart with log scales on both axes: one line (with points) per
+/// series of (x, y) pairs.
+pub fn lines(
+    path: &Path,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> anyhow::Result<()> {
+    register_font()?;
+    let points = || series.iter().flat_map(|(_, v)| v.iter());
+    let (x_lo, x_hi) = points().fold((f64::INFINITY, 0f64), |(lo, hi), (x, _)| {
+        (lo.min(*x), hi.max(*x))
+    });
+    let (y_lo, y_hi) = points().fold((f64::INFINITY, 0f64), |(lo, hi), (_, y)| {
+        (lo.min(*y), hi.max(*y))
+    });
+    anyhow::ensure!(x_hi > 0.0 && y_hi > 0.0, "nothing to draw");
+    let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 26))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            ((x_lo / 1.5)..(x_hi * 1.5)).log_scale(),
+            ((y_lo / 2.0).max(1e-4)..(y_hi * 2.0)).log_scale(),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc(xlabel)
+        .y_desc(ylabel)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()?;
+    for (si, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(si).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 /// A grouped bar chart: one group per label, one bar per series in it.
 fn bars(
     path: &Path,

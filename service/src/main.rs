@@ -263,6 +263,15 @@ fn restore(
 }
 
 async fn serve(cfg: ServeConfig) -> ExitCode {
+    // Every task holds a connection (jaxlib: one each), so the soft limit
+    // of open files goes up to the hard one.
+    match service::ops::raise_open_files() {
+        Ok((old, new)) if new > old => {
+            tracing::info!("open-file limit raised from {old} to {new} (the hard limit)")
+        }
+        Ok((_, now)) => tracing::info!("open-file limit {now}"),
+        Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+    }
     let node = match service::node::start(cfg.clone()).await {
         Ok(n) => n,
         Err(e) => {

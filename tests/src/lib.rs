@@ -4,6 +4,7 @@
 //! on free 127.0.0.1 ports, kills them (also when the test panics, and via
 //! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
 
+pub mod jaxsim;
 pub mod lazyfs;
 pub mod ns;
 pub mod pki;

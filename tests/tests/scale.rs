@@ -1,0 +1,108 @@
+//! A large job through its whole life with a fault: 2,048 simulated jaxlib
+//! tasks (`coordstore_tests::jaxsim`, the calls of a stock jaxlib 0.12
+//! client) on 3 nodes, dialing the followers, the leader SIGKILLed while the
+//! registration barrier waits for its last task. Every task registers once
+//! with its own incarnation, the topology exchange and the barrier pass,
+//! shutdown ends every task's PollForError, and nothing is lost.
+
+use std::time::Duration;
+
+use coordstore_tests::jaxsim::{JobSpec, PhaseReport, Sim, SimConfig};
+use coordstore_tests::{journal_state, parked_calls, Cluster};
+use journal::coordination::TaskStatus;
+
+const WAIT: Duration = Duration::from_secs(120);
+const TASKS: usize = 2048;
+
+fn clean(r: &PhaseReport, cluster: &Cluster) {
+    assert_eq!(
+        r.errors(),
+        0,
+        "{}: {:?}\n{}",
+        r.phase,
+        r.first_error(),
+        cluster.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2048_task_job_rides_through_a_leader_kill_during_registration() {
+    let n = TASKS.to_string();
+    let mut cluster = Cluster::start(3, &["--tasks", &n, "--heartbeat-timeout-ms", "600000"]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let cfg = SimConfig {
+        jobs: vec![JobSpec {
+            tasks: TASKS,
+            addrs: followers
+                .iter()
+                .map(|&i| cluster.nodes[i].addr.clone())
+                .collect(),
+        }],
+        tasks_per_conn: 16,
+        heartbeat_interval: Duration::from_secs(1),
+        call_timeout: WAIT,
+    };
+    let mut sim = Sim::connect(cfg).await.expect("connect");
+    // Every task but the last registers; the leader dies while they wait
+    // for it; then the last one registers.
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let registering = tokio::spawn(async move {
+        let r = sim.register_gated(1, Some(gate)).await;
+        (sim, r)
+    });
+    // Registered tasks wait at the registration barrier, each parked on the
+    // follower it dialed.
+    let want = (TASKS - 1) as u64;
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut parked = 0;
+        for &i in &followers {
+            parked += parked_calls(&cluster.nodes[i].addr).await;
+        }
+        if parked >= want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{parked} of {want} registered\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.kill(leader);
+    let f = followers[0];
+    open.send(true).expect("the registration waits");
+    let (mut sim, r) = registering.await.unwrap();
+    clean(&r, &cluster);
+
+    clean(&sim.exchange().await, &cluster);
+    clean(&sim.barrier("after-failover").await, &cluster);
+    // Every task registered once, with its own incarnation; every key is
+    // there (one per task and the global topology).
+    let s = journal_state(&cluster.nodes[f].addr).await;
+    let c = s.coordination();
+    for t in 0..TASKS {
+        let task = c.task(t as u32).expect("a task");
+        assert_eq!(task.status(), TaskStatus::Connected, "task {t}");
+        assert_eq!(Some(task.incarnation), sim.incarnation(0, t), "task {t}");
+    }
+    assert_eq!(c.stats().keys, TASKS as u64 + 1);
+    assert_eq!(s.service_incarnation(), sim.service_incarnation(0));
+    // A few heartbeats went by, answered.
+    let steady = sim.steady(Duration::from_millis(2500)).await;
+    clean(&steady, &cluster);
+    assert!(steady
+        .calls
+        .get("heartbeat")
+        .is_some_and(|h| h.ok >= TASKS as u64));
+    let down = sim.shutdown().await;
+    clean(&down, &cluster);
+    assert_eq!(down.calls["poll_for_error"].ok, TASKS as u64);
+    let s = journal_state(&cluster.nodes[f].addr).await;
+    assert_eq!(
+        s.coordination().stats().tasks[0],
+        TASKS as u64,
+        "all shut down"
+    );
+}
