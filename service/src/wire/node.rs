@@ -172,7 +172,9 @@ pub fn status(core: &Core) -> StatusResponse {
         leader_id: leader.unwrap_or(0),
         term: m.current_term,
         members,
-        last_applied: m.last_applied.map_or(0, |l| l.index),
+        // The state machine's own index: a call's reply leaves from the
+        // apply, before Raft's metrics learn of it.
+        last_applied: state.last_applied().map_or(0, |l| l.index),
         service_incarnation: state.read(|s| s.service_incarnation()),
         address: node.address().to_string(),
         role: node.role().as_str().into(),
