@@ -222,6 +222,15 @@ enum Suite {
         /// only the restart and stall parts).
         #[arg(long)]
         no_calls: bool,
+        /// GetSplit callers pulling at once (a connection each).
+        #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+        split_callers: Vec<usize>,
+        /// Seconds per split caller count.
+        #[arg(long, default_value_t = 3.0)]
+        split_seconds: f64,
+        /// Skip the time to the first element.
+        #[arg(long)]
+        no_first_element: bool,
     },
 }
 
@@ -348,14 +357,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             history,
             stall_runs,
             no_calls,
+            split_callers,
+            split_seconds,
+            no_first_element,
         } => {
-            let (rows, firsts) = if no_calls {
-                (Vec::new(), Vec::new())
+            let load = tfdata::SplitLoad {
+                callers: split_callers,
+                seconds: split_seconds,
+            };
+            let rows = if no_calls {
+                Vec::new()
             } else {
-                (
-                    tfdata::run(iterations).await?,
-                    tfdata::first_element().await?,
-                )
+                tfdata::run(iterations, &load).await?
+            };
+            let firsts = if no_calls || no_first_element {
+                Vec::new()
+            } else {
+                tfdata::first_element().await?
             };
             let restarts = if history > 0 {
                 tfdata::restart(history).await?

@@ -39,9 +39,9 @@ impl Context<'_> {
     /// as a new incarnation. Every other area hears of it through
     /// [`Area::on_task_lost`] once this update has applied.
     pub fn task_lost(&mut self, task: u32) {
-        if !self.lost.contains(&task) {
-            self.lost.push(task);
-        }
+        // Repeats are dropped where the list is read (a check here would
+        // make a whole job disconnecting at once O(N²)).
+        self.lost.push(task);
     }
 
     /// Reports a change of `object`, which a parked call may wait on (see

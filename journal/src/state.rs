@@ -453,7 +453,8 @@ impl State {
         at_ms: u64,
         mut touched: Option<&mut Touched>,
     ) {
-        for &task in lost {
+        let mut told = std::collections::BTreeSet::new();
+        for &task in lost.iter().filter(|&&t| told.insert(t)) {
             let mut more = Vec::new();
             let Some((mut cx, areas)) = self.split(key, at_ms, &mut more, touched.as_deref_mut())
             else {

@@ -10,8 +10,10 @@
 //!    long poll (both without a deadline), and a `Heartbeat` every
 //!    heartbeat_timeout / 2, the first one interval after registration;
 //! 3. topology exchange, as XLA's `ExchangeTopologies`: `InsertKeyValue
-//!    topo/<i>`; task 0 reads every `topo/<i>` and sets `global`; the
-//!    others block on `global`;
+//!    cuda:local_topology/cuda/<i>`; task 0 reads every task's key with
+//!    blocking `GetKeyValue`s from a pool of [`EXCHANGE_READERS`] threads
+//!    (XLA's pool has one per CPU of the host) and sets
+//!    `cuda:global_topology/cuda`; the others block on that key;
 //! 4. a `Barrier` of all N;
 //! 5. shutdown: the preemption get is cancelled (the stream reset), then
 //!    `ShutdownTask` (the shutdown barrier); `PollForError` then ends
@@ -36,6 +38,18 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 type Client = CoordinationServiceClient<Channel>;
+
+/// The threads task 0 reads the local topologies with (XLA sizes its pool
+/// by the host's CPUs; 32 is a modest host).
+pub const EXCHANGE_READERS: usize = 32;
+
+/// Task `t`'s local topology key, as XLA names it on a GPU.
+fn local_key(t: usize) -> String {
+    format!("cuda:local_topology/cuda/{t}")
+}
+
+/// The global topology key task 0 sets.
+const GLOBAL_KEY: &str = "cuda:global_topology/cuda";
 
 /// The key jaxlib's preemption sync manager long-polls.
 pub const PREEMPTION_KEY: &str = "RECEIVED_PREEMPTION_NOTICE";
@@ -454,22 +468,24 @@ impl Sim {
                 };
                 let t0 = Instant::now();
                 let local = format!("local topology of task {t}").into_bytes();
-                rec.record(
-                    "kv_set",
-                    t0.elapsed(),
-                    set(format!("topo/{t}"), local).await,
-                );
+                rec.record("kv_set", t0.elapsed(), set(local_key(t), local).await);
                 if t == 0 {
-                    for i in 0..n {
-                        let t0 = Instant::now();
-                        rec.record("kv_get", t0.elapsed(), get(format!("topo/{i}")).await);
-                    }
+                    let readers = (0..EXCHANGE_READERS.min(n)).map(|r| {
+                        let (get, rec) = (&get, &rec);
+                        async move {
+                            for i in (r..n).step_by(EXCHANGE_READERS) {
+                                let t0 = Instant::now();
+                                rec.record("kv_get", t0.elapsed(), get(local_key(i)).await);
+                            }
+                        }
+                    });
+                    futures_util::future::join_all(readers).await;
                     let t0 = Instant::now();
                     let global = format!("global topology of {n} tasks").into_bytes();
-                    rec.record("kv_set", t0.elapsed(), set("global".into(), global).await);
+                    rec.record("kv_set", t0.elapsed(), set(GLOBAL_KEY.into(), global).await);
                 } else {
                     let t0 = Instant::now();
-                    rec.record("kv_get_global", t0.elapsed(), get("global".into()).await);
+                    rec.record("kv_get_global", t0.elapsed(), get(GLOBAL_KEY.into()).await);
                 }
             }
         })

@@ -106,3 +106,64 @@ async fn a_2048_task_job_rides_through_a_leader_kill_during_registration() {
         "all shut down"
     );
 }
+
+/// A follower forwards what thousands of tasks send at once over its one
+/// HTTP/2 connection to the leader. Each is a small request; h2 closes a
+/// connection (GOAWAY ENHANCE_YOUR_CALM) whose received-but-unread small
+/// frames exceed its budget, which failed every forwarded call on it with
+/// RESOURCE_EXHAUSTED. 16,384 writes sent to a follower at once (1,024
+/// connections × 16 streams) must all succeed and all be there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_16384_writes_through_a_follower_all_land() {
+    const CONNS: usize = 1024;
+    const PER_CONN: usize = 16;
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
+    let mut clients = Vec::with_capacity(CONNS);
+    for _ in 0..CONNS {
+        clients.push(coordstore_tests::wire::tf(&follower).await);
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CONNS * PER_CONN));
+    let mut writes = Vec::new();
+    for (i, c) in clients.into_iter().enumerate() {
+        for j in 0..PER_CONN {
+            let (mut c, start) = (c.clone(), start.clone());
+            writes.push(tokio::spawn(async move {
+                start.wait().await;
+                let req = proto::tf::InsertKeyValueRequest {
+                    kv: Some(proto::tf::KeyValueEntry {
+                        key: format!("burst/{i}/{j}"),
+                        value: vec![7u8; 16].into(),
+                    }),
+                    allow_overwrite: false,
+                };
+                tokio::time::timeout(WAIT, c.insert_key_value(req))
+                    .await
+                    .map_err(|_| "no answer in time".to_string())?
+                    .map(|_| ())
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+            }));
+        }
+    }
+    let mut failed = Vec::new();
+    for w in writes {
+        if let Err(e) = w.await.expect("the write task ran") {
+            failed.push(e);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} writes failed, first: {:?}",
+        failed.len(),
+        CONNS * PER_CONN,
+        failed.first()
+    );
+    let state = journal_state(&cluster.nodes[leader].addr).await;
+    let keys = state
+        .coordination()
+        .kv_all()
+        .filter(|(k, _)| k.starts_with("burst/"))
+        .count();
+    assert_eq!(keys, CONNS * PER_CONN, "every write is in the state");
+}

@@ -70,13 +70,13 @@ impl Writer<'_, '_> {
 
     /// Completes every round in which all currently CONNECTED tasks of the
     /// set have called.
+    ///
+    /// Runs on every task that connects or disconnects, so its cost is that
+    /// of the rounds with callers (none, mostly), never of the whole task
+    /// list: a job of N tasks connecting at once stays O(N), not O(N²).
     pub(crate) fn reevaluate_alive_rounds(&mut self) {
-        let statuses: Vec<(TaskStatus, u64)> = self
-            .data
-            .tasks
-            .iter()
-            .map(|t| (t.status(), t.incarnation))
-            .collect();
+        let tasks = &self.data.tasks;
+        let status = |t: u32| tasks.get(t as usize).map(|e| (e.status(), e.incarnation));
         for (key, round) in self.data.alive_rounds.iter_mut() {
             if round.callers.is_empty() {
                 continue;
@@ -85,12 +85,15 @@ impl Writer<'_, '_> {
                 .tasks
                 .iter()
                 .copied()
-                .filter(|&t| statuses[t as usize].0 == TaskStatus::Connected)
+                .filter(|&t| status(t).is_some_and(|(s, _)| s == TaskStatus::Connected))
                 .collect();
             if !alive.iter().all(|t| round.callers.contains_key(t)) {
                 continue;
             }
-            let incarnations = alive.iter().map(|&t| statuses[t as usize].1).collect();
+            let incarnations = alive
+                .iter()
+                .map(|&t| status(t).map_or(0, |(_, inc)| inc))
+                .collect();
             round.results.push(AliveResult {
                 generation: round.generation,
                 tasks: alive,

@@ -28,6 +28,18 @@ use super::leader::{LocalLeader, Retry};
 /// Pause between attempts while no leader is reachable.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// Calls this node forwards to the leader at once; more wait here for a
+/// slot. All of them share one HTTP/2 connection, and the leader's h2 server
+/// closes a connection (GOAWAY `ENHANCE_YOUR_CALM`, every call on it failing
+/// with RESOURCE_EXHAUSTED) once the small DATA frames it has received but
+/// not yet handed to a handler cost more than half its connection window
+/// (h2 0.4.20 counts 256 − payload bytes per frame under 256 bytes against
+/// 512 KiB with hyper's 1 MiB window: about 2,000–4,000 small requests).
+/// A follower forwarding the registrations and long polls of thousands of
+/// tasks at once crossed it (`bench/results/README.md`, "Scale"); 1,024 small
+/// requests stay well inside it, and the leader batches what it holds.
+pub const FORWARDS_IN_FLIGHT: usize = 1024;
+
 /// Where a call runs.
 pub enum Route {
     /// Here: this node is the leader.
@@ -72,6 +84,7 @@ impl Default for ProposalMetrics {
 pub struct Router {
     leader: LocalLeader,
     lanes: Lanes,
+    forwards: tokio::sync::Semaphore,
     leader_wait: Duration,
     max_message_bytes: usize,
     metrics: ProposalMetrics,
@@ -85,6 +98,7 @@ impl Router {
         Router {
             leader,
             lanes: Lanes::new(),
+            forwards: tokio::sync::Semaphore::new(FORWARDS_IN_FLIGHT),
             leader_wait,
             max_message_bytes,
             metrics: ProposalMetrics::default(),
@@ -182,7 +196,12 @@ impl Router {
                         self.node().id()
                     )))
                 }
-                Ok(Route::Remote(ch)) => match tokio::time::timeout(left, remote(ch)).await {
+                Ok(Route::Remote(ch)) => match tokio::time::timeout(left, async {
+                    let _slot = self.forwards.acquire().await;
+                    remote(ch).await
+                })
+                .await
+                {
                     Ok(Ok(v)) => return Ok(v),
                     Ok(Err(s)) if retryable(&s) => format!("forwarding failed: {}", s.message()),
                     Ok(Err(s)) => return Err(s),
@@ -236,9 +255,14 @@ impl Router {
             self.metrics.seconds.observe(took.as_secs_f64());
         }
         if took >= self.slow {
+            let error = r
+                .as_ref()
+                .err()
+                .map(|s| format!("{:?}: {}", s.code(), s.message()));
             tracing::warn!(
                 ms = took.as_millis() as u64,
                 ok = r.is_ok(),
+                error,
                 "slow request: a proposal took {} ms to apply",
                 took.as_millis()
             );
