@@ -468,24 +468,28 @@ impl Sim {
                 };
                 let t0 = Instant::now();
                 let local = format!("local topology of task {t}").into_bytes();
-                rec.record("kv_set", t0.elapsed(), set(local_key(t), local).await);
+                let r = set(local_key(t), local).await;
+                rec.record("kv_set", t0.elapsed(), r);
                 if t == 0 {
                     let readers = (0..EXCHANGE_READERS.min(n)).map(|r| {
                         let (get, rec) = (&get, &rec);
                         async move {
                             for i in (r..n).step_by(EXCHANGE_READERS) {
                                 let t0 = Instant::now();
-                                rec.record("kv_get", t0.elapsed(), get(local_key(i)).await);
+                                let r = get(local_key(i)).await;
+                                rec.record("kv_get", t0.elapsed(), r);
                             }
                         }
                     });
                     futures_util::future::join_all(readers).await;
                     let t0 = Instant::now();
                     let global = format!("global topology of {n} tasks").into_bytes();
-                    rec.record("kv_set", t0.elapsed(), set(GLOBAL_KEY.into(), global).await);
+                    let r = set(GLOBAL_KEY.into(), global).await;
+                    rec.record("kv_set", t0.elapsed(), r);
                 } else {
                     let t0 = Instant::now();
-                    rec.record("kv_get_global", t0.elapsed(), get(GLOBAL_KEY.into()).await);
+                    let r = get(GLOBAL_KEY.into()).await;
+                    rec.record("kv_get_global", t0.elapsed(), r);
                 }
             }
         })

@@ -164,7 +164,7 @@ pub struct ServeOptions {
     #[arg(long)]
     pub peer_tls_ca: Option<PathBuf>,
     /// Most client calls parked on this node at once (blocking gets,
-    /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 100000]
+    /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 400000]
     #[arg(long)]
     pub max_parked_calls: Option<u64>,
     /// HOST:PORT to serve Prometheus `/metrics`, `/healthz` and `/readyz`

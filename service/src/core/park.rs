@@ -28,8 +28,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::Status;
 
-/// Default bound on the client calls parked on one node.
-pub const DEFAULT_MAX_PARKED_CALLS: u64 = 100_000;
+/// Default bound on the client calls parked on one node: a stock jaxlib
+/// task keeps two long polls parked (PollForError and the preemption
+/// notice's GetKeyValue) and a third call while it registers or waits at a
+/// barrier, so this holds a 100,000-task job whose tasks all dial one node.
+pub const DEFAULT_MAX_PARKED_CALLS: u64 = 400_000;
 
 /// The kinds of parked calls (`journal::Wait::kind`), in label order: the
 /// `kind` label of the parked-calls metric.
