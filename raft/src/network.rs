@@ -366,9 +366,15 @@ impl PeerConnection {
             Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&Msg(e.clone())))),
         };
         let unanswered = Unanswered::default();
+        // The request side lives no longer than the answers: openraft's
+        // sessions to a peer share one log cursor, and a request body hyper
+        // still reads after its answers were dropped (an answer overdue, the
+        // stream ended) takes frames the next session then never sends —
+        // the follower waits for them until the next write (docs/faults.md).
+        let (alive, ended) = tokio::sync::oneshot::channel::<()>();
         let frames = {
             let (contact, unanswered) = (self.contact.clone(), unanswered.clone());
-            input.scan((), move |_, rpc| {
+            input.take_until(ended).scan((), move |_, rpc| {
                 let frame = match bincode::serialize(&rpc) {
                     Ok(data) => {
                         lock(&unanswered).push_back(Instant::now());
@@ -395,11 +401,12 @@ impl PeerConnection {
         };
         let (target, contact) = (self.target, self.contact.clone());
         let unary_only = self.unary_only.clone();
-        let answers = stream::unfold(Some(answers), move |state| {
+        let answers = stream::unfold(Some((answers, alive)), move |state| {
             let (unanswered, contact) = (unanswered.clone(), contact.clone());
             let unary_only = unary_only.clone();
             async move {
-                let mut answers = state?;
+                // Every way out but the last drops `alive`, ending the requests.
+                let (mut answers, alive) = state?;
                 let payload = loop {
                     match tokio::time::timeout(ttl, answers.message()).await {
                         Ok(Ok(Some(p))) => break p,
@@ -429,7 +436,7 @@ impl PeerConnection {
                     contact.acked(target);
                 }
                 // Conflict and HigherVote end the stream (openraft's rule).
-                let next = result.is_ok().then_some(answers);
+                let next = result.is_ok().then_some((answers, alive));
                 Some((Ok(result), next))
             }
         });
@@ -867,6 +874,80 @@ mod tests {
         }
         drop(answers);
         assert_eq!(appends.load(std::sync::atomic::Ordering::SeqCst), 2);
+        server.abort();
+    }
+
+    /// A peer that takes an AppendStream's frames and never answers.
+    struct MutePeer;
+
+    #[tonic::async_trait]
+    impl RaftPeer for MutePeer {
+        async fn append_entries(
+            &self,
+            _: Request<RaftPayload>,
+        ) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not used"))
+        }
+        type AppendStreamStream = AnswerStream;
+        async fn append_stream(
+            &self,
+            req: Request<tonic::Streaming<AppendFrame>>,
+        ) -> Result<Response<AnswerStream>, Status> {
+            let mut frames = req.into_inner();
+            // Reads (and holds) the request side for as long as it lasts.
+            tokio::spawn(async move { while let Ok(Some(_)) = frames.message().await {} });
+            Ok(Response::new(Box::pin(stream::pending())))
+        }
+        async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not used"))
+        }
+        async fn install_snapshot(
+            &self,
+            _: Request<RaftPayload>,
+        ) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not used"))
+        }
+    }
+
+    /// Once an AppendStream's answers end (here: an answer overdue), its
+    /// request side stops taking frames from openraft: the input is dropped.
+    /// Before, hyper kept reading it, and the next stream to the peer missed
+    /// the frames this dead one took (a follower then lagged until the next
+    /// write).
+    #[tokio::test]
+    async fn a_stream_whose_answers_ended_takes_no_more_frames() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftPeerServer::new(MutePeer))
+                .serve_with_incoming(tokio_stream_of(listener)),
+        );
+        let mut factory = PeerNetwork::new(
+            Channels::new(),
+            1 << 20,
+            Arc::new(Contact::new(1)),
+            PeerToken::default(),
+        );
+        let mut conn = factory.new_client(2, &Node::new(addr)).await;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let input = Box::pin(stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        }));
+        tx.send(heartbeat()).await.unwrap();
+        let mut answers = conn
+            .open_append_stream(input, Duration::from_millis(200))
+            .await
+            .expect("the stream opens");
+        let first = answers.next().await.expect("an item");
+        assert!(
+            first.is_err(),
+            "an overdue answer ends the stream with an error"
+        );
+        drop(answers);
+        tokio::time::timeout(Duration::from_secs(10), tx.closed())
+            .await
+            .expect("the request side still holds openraft's input");
         server.abort();
     }
 
