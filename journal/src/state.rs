@@ -3,7 +3,7 @@
 //! sessions, snapshots and the state digest — and hands each area's command
 //! to its area (`crate::coordination`, ...).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -51,6 +51,11 @@ pub struct State {
     /// the state itself.
     pub(crate) default_kv_bytes: u64,
     pub(crate) kv_bytes: BTreeMap<String, u64>,
+    /// The client sessions by (last touched, client id), oldest first:
+    /// derived from `data.sessions` like the byte counts, so that evicting
+    /// the least recently used client is a lookup, not a scan of the table
+    /// (which a job of many thousand tasks keeps full).
+    pub(crate) session_lru: BTreeSet<(u64, u64)>,
 }
 
 impl Default for State {
@@ -64,6 +69,7 @@ impl Default for State {
             },
             default_kv_bytes: 0,
             kv_bytes: BTreeMap::new(),
+            session_lru: BTreeSet::new(),
         }
     }
 }
@@ -290,6 +296,9 @@ impl State {
                     "client {id} keeps an outcome below what it declared done"
                 ));
             }
+        }
+        if self.session_lru != session_lru(&self.data.sessions) {
+            return Err("the sessions' recency index does not match the sessions".into());
         }
         let mut ports = std::collections::BTreeMap::new();
         for n in self.namespaces() {
@@ -690,6 +699,8 @@ impl State {
     fn recorded_outcome(&mut self, o: &Origin) -> Option<Outcome> {
         let (applied, now) = (self.data.applied, self.data.clock_ms);
         let s = self.data.sessions.entry(o.client_id).or_default();
+        self.session_lru.remove(&(s.touched, o.client_id));
+        self.session_lru.insert((applied, o.client_id));
         s.touched = applied;
         s.touched_ms = now;
         // A request cannot declare itself done.
@@ -716,14 +727,8 @@ impl State {
         }
         while self.data.sessions.len() > max_sessions {
             // Evict the least recently used client (deterministic: ties by id).
-            let victim = self
-                .data
-                .sessions
-                .iter()
-                .min_by_key(|(id, s): &(&u64, &ClientSession)| (s.touched, **id))
-                .map(|(id, _)| *id);
-            match victim {
-                Some(id) => {
+            match self.session_lru.pop_first() {
+                Some((_, id)) => {
                     self.data.sessions.remove(&id);
                 }
                 None => break,
@@ -737,7 +742,14 @@ impl State {
         let Some(cutoff) = self.data.clock_ms.checked_sub(horizon) else {
             return;
         };
-        self.data.sessions.retain(|_, s| s.touched_ms >= cutoff);
+        let lru = &mut self.session_lru;
+        self.data.sessions.retain(|id, s| {
+            let keep = s.touched_ms >= cutoff;
+            if !keep {
+                lru.remove(&(s.touched, *id));
+            }
+            keep
+        });
     }
 
     /// Number of clients the exactly-once table remembers.
@@ -792,10 +804,12 @@ impl State {
             n.closures.get_or_insert_with(Default::default);
             check_namespace(name, n).map_err(SnapshotError)?;
         }
+        let session_lru = session_lru(&data.sessions);
         let s = State {
             data,
             default_kv_bytes,
             kv_bytes,
+            session_lru,
         };
         for n in s.namespaces() {
             let cl = n.cluster();
@@ -1102,4 +1116,9 @@ fn owned_command(cmd: &Command) -> Command {
         // Cannot happen (it was just encoded); keep the original.
         _ => cmd.clone(),
     }
+}
+
+/// The recency index of `sessions`: (last touched, client id) of each.
+fn session_lru(sessions: &BTreeMap<u64, ClientSession>) -> BTreeSet<(u64, u64)> {
+    sessions.iter().map(|(id, s)| (s.touched, *id)).collect()
 }

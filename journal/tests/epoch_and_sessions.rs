@@ -364,3 +364,59 @@ fn a_command_naming_tasks_of_an_earlier_epoch_is_refused_without_change() {
         "not refused as stale"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+    /// Which clients the table remembers, against a model that scans every
+    /// session for the least recently used one (as the table once did):
+    /// random clients call at random times, some calls retried, the state
+    /// sometimes restored from its snapshot (the recency index is derived
+    /// again), clients older than the horizon swept.
+    #[test]
+    fn the_remembered_clients_are_the_most_recently_heard(
+        calls in proptest::collection::vec((0u64..12, 0u64..3, proptest::bool::ANY), 1..1500),
+    ) {
+        let o = Opts {
+            max_client_sessions: 4,
+            session_horizon_ms: 5_000,
+            ..Default::default()
+        };
+        let mut s = new_state(1, &o);
+        let mut seq = std::collections::BTreeMap::<u64, u64>::new();
+        // The model: client → (applied index it was last heard at, at_ms).
+        let mut model = std::collections::BTreeMap::<u64, (u64, u64)>::new();
+        let mut at = 0;
+        for (i, (client, step, restore)) in calls.into_iter().enumerate() {
+            at += step * 1_000;
+            let next = seq.entry(client + 1).or_insert(0);
+            *next += 1;
+            let applied = i as u64 + 2; // the init was applied first
+            if applied.is_multiple_of(journal::SESSION_SWEEP_EVERY) {
+                model.retain(|_, (_, ms)| *ms + 5_000 >= at);
+            }
+            apply_from(&mut s, client + 1, *next, incr("n", 1), at);
+            model.insert(client + 1, (applied, at));
+            while model.len() > 4 {
+                let oldest = model.iter().min_by_key(|(id, (t, _))| (*t, **id)).map(|(id, _)| *id);
+                model.remove(&oldest.unwrap());
+            }
+            proptest::prop_assert_eq!(s.session_count(), model.len());
+            proptest::prop_assert_eq!(s.check_invariants(), Ok(()));
+            if restore && i % 64 == 0 {
+                let r = State::decode_snapshot(&s.encode_snapshot()).unwrap();
+                proptest::prop_assert!(r == s, "a restored state differs");
+                s = r;
+            }
+        }
+        // A remembered client's retry is answered from its record; a
+        // forgotten one's applies again.
+        for (client, last) in seq {
+            let mut t = s.clone();
+            let before = t.coordination().kv_get("n").unwrap().to_vec();
+            apply_from(&mut t, client, last, incr("n", 1), at);
+            let changed = t.coordination().kv_get("n").unwrap().to_vec() != before;
+            proptest::prop_assert_eq!(changed, !model.contains_key(&client), "client {}", client);
+        }
+    }
+}
