@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use coordstore_tests::jaxsim::{JobSpec, PhaseReport, Sim, SimConfig};
-use coordstore_tests::{journal_state, parked_calls, Cluster};
+use coordstore_tests::{
+    free_port, http_get, journal_state, metric_sample, parked_calls, wait_parked, Cluster,
+};
 use journal::coordination::TaskStatus;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -166,4 +168,79 @@ async fn a_burst_of_16384_writes_through_a_follower_all_land() {
         .filter(|(k, _)| k.starts_with("burst/"))
         .count();
     assert_eq!(keys, CONNS * PER_CONN, "every write is in the state");
+}
+
+/// ReadIndex calls the node whose metrics listen at `http` has answered.
+fn read_index_calls(http: &str) -> f64 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some((200, text)) = http_get(http, "/metrics") {
+            return metric_sample(
+                &text,
+                r#"coordstore_grpc_calls_total{code="Ok",method="/coordstore.v1.Node/ReadIndex"}"#,
+            )
+            .unwrap_or(0.0);
+        }
+        assert!(std::time::Instant::now() < deadline, "no metrics at {http}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A follower asks the leader for read indexes in rounds, each serving
+/// every read waiting when it was sent: 4,096 blocking gets arriving at a
+/// follower at once (as a large job's long polls do) cost the leader far
+/// fewer ReadIndex calls than gets (one each before), and every get answers
+/// with the value set after they parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_through_a_follower_ask_the_leader_in_rounds() {
+    const CONNS: usize = 256;
+    const PER_CONN: usize = 16;
+    const GETS: usize = CONNS * PER_CONN;
+    let http: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let h = http.clone();
+    let cluster = Cluster::start_each(3, &[], move |i| {
+        vec!["--metrics-listen".into(), h[i].clone()]
+    });
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let follower = cluster.nodes[(leader + 1) % 3].addr.clone();
+    let before = read_index_calls(&http[leader]);
+    let mut gets = Vec::with_capacity(GETS);
+    for _ in 0..CONNS {
+        let c = coordstore_tests::wire::tf(&follower).await;
+        for _ in 0..PER_CONN {
+            let mut c = c.clone();
+            gets.push(tokio::spawn(async move {
+                let req = proto::tf::GetKeyValueRequest {
+                    key: "round/k".into(),
+                };
+                tokio::time::timeout(WAIT, c.get_key_value(req))
+                    .await
+                    .map_err(|_| "no answer in time".to_string())?
+                    .map(|r| r.into_inner().kv.map(|kv| kv.value.to_vec()))
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+            }));
+        }
+    }
+    wait_parked(&follower, GETS as u64, WAIT).await;
+    let asked = read_index_calls(&http[leader]) - before;
+    assert!(
+        asked >= 1.0 && asked * 4.0 < GETS as f64,
+        "{GETS} gets on a follower asked the leader {asked} times"
+    );
+    let mut w = coordstore_tests::wire::tf(&cluster.nodes[leader].addr).await;
+    w.insert_key_value(proto::tf::InsertKeyValueRequest {
+        kv: Some(proto::tf::KeyValueEntry {
+            key: "round/k".into(),
+            value: b"v".to_vec().into(),
+        }),
+        allow_overwrite: false,
+    })
+    .await
+    .expect("set the key");
+    for g in gets {
+        let got = g.await.expect("the get task ran");
+        assert_eq!(got, Ok(Some(b"v".to_vec())));
+    }
 }

@@ -40,6 +40,54 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// requests stay well inside it, and the leader batches what it holds.
 pub const FORWARDS_IN_FLIGHT: usize = 1024;
 
+/// A follower's reads, coalesced: each linearizable read on a follower
+/// needs an index the leader gave after the read arrived. One ReadIndex
+/// call to the leader at a time serves every read that was waiting when it
+/// was sent; reads that arrive while it is out wait for the next. A job of
+/// thousands of tasks parks two long polls per task at once, each after a
+/// read: this asks the leader a few times instead of once per poll. The
+/// round runs in its own task, so a caller that gives up (its deadline,
+/// its stream reset) takes nothing from the others, and a leader that does
+/// not answer ends the round after the leader wait.
+#[derive(Default)]
+struct ReadRounds {
+    queue: std::sync::Mutex<ReadQueue>,
+}
+
+#[derive(Default)]
+struct ReadQueue {
+    /// A round is out (its task takes the next batch when it returns).
+    asking: bool,
+    /// The leader as the newest waiting read found it.
+    leader: Option<Channel>,
+    waiting: Vec<tokio::sync::oneshot::Sender<Result<u64, Status>>>,
+}
+
+type ReadBatch = (
+    Channel,
+    Vec<tokio::sync::oneshot::Sender<Result<u64, Status>>>,
+);
+
+impl ReadRounds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadQueue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next batch of waiting reads and the leader to ask, or `None`
+    /// (and no round out) when none waits.
+    fn next_batch(&self) -> Option<ReadBatch> {
+        let mut q = self.lock();
+        match q.leader.take() {
+            Some(ch) if !q.waiting.is_empty() => Some((ch, std::mem::take(&mut q.waiting))),
+            _ => {
+                q.asking = false;
+                q.waiting.clear();
+                None
+            }
+        }
+    }
+}
+
 /// Where a call runs.
 pub enum Route {
     /// Here: this node is the leader.
@@ -85,6 +133,7 @@ pub struct Router {
     leader: LocalLeader,
     lanes: Lanes,
     forwards: tokio::sync::Semaphore,
+    reads: Arc<ReadRounds>,
     leader_wait: Duration,
     max_message_bytes: usize,
     metrics: ProposalMetrics,
@@ -99,6 +148,7 @@ impl Router {
             leader,
             lanes: Lanes::new(),
             forwards: tokio::sync::Semaphore::new(FORWARDS_IN_FLIGHT),
+            reads: Arc::default(),
             leader_wait,
             max_message_bytes,
             metrics: ProposalMetrics::default(),
@@ -155,9 +205,7 @@ impl Router {
 
     /// A Node API client on `ch`, with this node's message limits.
     pub fn node_client(&self, ch: Channel) -> NodeClient<Channel> {
-        NodeClient::new(ch)
-            .max_decoding_message_size(self.max_message_bytes)
-            .max_encoding_message_size(self.max_message_bytes)
+        node_client(ch, self.max_message_bytes)
     }
 
     /// Runs `local` on the leader or `remote` over a channel to it,
@@ -169,6 +217,25 @@ impl Router {
     pub async fn on_leader<T, L, LF, R, RF>(
         &self,
         call: &Call,
+        local: L,
+        remote: R,
+    ) -> Result<T, Status>
+    where
+        L: FnMut() -> LF,
+        LF: Future<Output = Result<T, Retry>>,
+        R: FnMut(Channel) -> RF,
+        RF: Future<Output = Result<T, Status>>,
+    {
+        self.on_leader_with(call, true, local, remote).await
+    }
+
+    /// [`Router::on_leader`]; a `bounded` forward takes one of the
+    /// [`FORWARDS_IN_FLIGHT`] slots while it is out (a read joining a
+    /// [`ReadRounds`] round sends nothing of its own).
+    async fn on_leader_with<T, L, LF, R, RF>(
+        &self,
+        call: &Call,
+        bounded: bool,
         mut local: L,
         mut remote: R,
     ) -> Result<T, Status>
@@ -197,7 +264,10 @@ impl Router {
                     )))
                 }
                 Ok(Route::Remote(ch)) => match tokio::time::timeout(left, async {
-                    let _slot = self.forwards.acquire().await;
+                    let _slot = match bounded {
+                        true => Some(self.forwards.acquire().await),
+                        false => None,
+                    };
                     remote(ch).await
                 })
                 .await
@@ -273,21 +343,53 @@ impl Router {
     /// The leader's read index: a log index whose state is safe to read
     /// once applied (the leader has applied it when it answers).
     pub async fn read_index(&self, call: &Call) -> Result<u64, Status> {
-        self.on_leader(
+        self.on_leader_with(
             call,
+            false,
             || self.leader.read_barrier(),
-            |ch| {
-                let mut c = self.node_client(ch);
-                async move {
-                    Ok(c.read_index(forwarded(ReadIndexRequest {}))
-                        .await?
-                        .into_inner()
-                        .index)
-                }
-            },
+            |ch| self.forwarded_read(ch),
         )
         .await
     }
+
+    /// A read index from the leader at `ch`, asked after this call: the
+    /// next [`ReadRounds`] round's.
+    async fn forwarded_read(&self, ch: Channel) -> Result<u64, Status> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut q = self.reads.lock();
+            q.waiting.push(tx);
+            q.leader = Some(ch);
+            !std::mem::replace(&mut q.asking, true)
+        };
+        if start {
+            let rounds = self.reads.clone();
+            let max = self.max_message_bytes;
+            let wait = self.leader_wait;
+            tokio::spawn(async move {
+                while let Some((ch, batch)) = rounds.next_batch() {
+                    let mut c = node_client(ch, max);
+                    let asked = c.read_index(forwarded(ReadIndexRequest {}));
+                    let r = match tokio::time::timeout(wait, asked).await {
+                        Ok(r) => r.map(|r| r.into_inner().index),
+                        Err(_) => Err(Status::unavailable("the leader did not answer in time")),
+                    };
+                    for tx in batch {
+                        let _ = tx.send(r.clone());
+                    }
+                }
+            });
+        }
+        rx.await
+            .map_err(|_| Status::unavailable("the read round to the leader stopped"))?
+    }
+}
+
+/// A Node API client on `ch` with `max` bytes per message either way.
+fn node_client(ch: Channel, max: usize) -> NodeClient<Channel> {
+    NodeClient::new(ch)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max)
 }
 
 /// Whether a failed forward may be retried (possibly at another leader).
