@@ -20,7 +20,9 @@ cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 DEST="${1:-$ROOT/target/bench-pack}"
 
-cargo build --release -p coordstore-service --bin coordstore -p coordstore-bench >&2
+# Two builds: `--bin` would apply to both packages, leaving the bench out.
+cargo build --release -p coordstore-service --bin coordstore >&2
+cargo build --release -p coordstore-bench >&2
 TOOLS="$(bash scripts/setup-bench.sh)"
 ETCD="$(sed -n 's/^etcd=//p' <<<"$TOOLS")"
 FONT="$(sed -n 's/^font=//p' <<<"$TOOLS")"
