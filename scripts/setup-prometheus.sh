@@ -5,6 +5,12 @@
 # line of stdout.
 set -euo pipefail
 log() { echo "setup-prometheus: $*" >&2; }
+# Tests that need promtool call this at once: one installs, the others wait
+# for it (two apt-get runs at once fail on dpkg's lock).
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$ROOT/target"
+exec 9>"$ROOT/target/.setup-prometheus.lock"
+flock 9
 if ! command -v promtool >/dev/null 2>&1; then
     SUDO=()
     [[ "$(id -u)" == 0 ]] || SUDO=(sudo)

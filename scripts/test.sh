@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 scripts/setup-jax.sh >/dev/null
 scripts/setup-tf.sh >/dev/null
+scripts/setup-prometheus.sh >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
