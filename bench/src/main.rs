@@ -102,6 +102,24 @@ enum Suite {
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
     },
+    /// RSS per parked call: N blocking gets parked on one coordstore node,
+    /// beside a bare tonic server holding N open gRPC streams (the floor).
+    ParkedMemory {
+        /// Calls held open.
+        #[arg(long, default_value_t = 16384)]
+        calls: usize,
+        /// Calls per HTTP/2 connection.
+        #[arg(long, default_value_t = 16)]
+        per_conn: usize,
+    },
+    /// A bare tonic server (the gRPC health service only), for
+    /// parked-memory's floor.
+    #[command(hide = true)]
+    BareGrpc {
+        /// Address to serve.
+        #[arg(long)]
+        listen: String,
+    },
     /// Server RSS holding 100k keys of 1 KiB.
     Memory {
         /// Keys.
@@ -328,6 +346,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             report.parked = parked::run(&peers, &parked, clients, seconds).await?;
             "parked"
+        }
+        Suite::ParkedMemory { calls, per_conn } => {
+            let rows = parked::memory(calls, per_conn).await?;
+            let path = cli.out.join(format!("parked-memory-{stamp}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(&rows)?)?;
+            println!("{}", parked::memory_table(&rows));
+            eprintln!("results: {}", path.display());
+            return Ok(());
+        }
+        Suite::BareGrpc { listen } => {
+            parked::bare_grpc(&listen).await?;
+            return Ok(());
         }
         Suite::Memory { keys, value_bytes } => {
             report.memory = memory::run(&peers, keys, value_bytes).await?;

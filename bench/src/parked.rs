@@ -67,14 +67,25 @@ async fn park(
     addr: &str,
     n: usize,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    park_by(peer, addr, n, GETS_PER_CONNECTION).await
+}
+
+/// Parks `n` blocking gets at `addr`, `per_conn` on each connection, and
+/// waits until the node counts them.
+async fn park_by(
+    peer: &Peer,
+    addr: &str,
+    n: usize,
+    per_conn: usize,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut handles = Vec::with_capacity(n);
-    let conns = n.div_ceil(GETS_PER_CONNECTION);
+    let conns = n.div_ceil(per_conn);
     let tag = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis();
     for c in 0..conns {
         let ch = channel(addr).await;
-        for i in (c * GETS_PER_CONNECTION)..((c + 1) * GETS_PER_CONNECTION).min(n) {
+        for i in (c * per_conn)..((c + 1) * per_conn).min(n) {
             let mut client = CoordinationServiceClient::new(ch.clone());
             let req = GetKeyValueRequest {
                 incarnations: Some(Incarnations {
@@ -100,4 +111,137 @@ async fn park(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The memory one parked call costs a server: its RSS growth over `calls`
+/// calls held open, `per_conn` per HTTP/2 connection.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ParkedMemoryRow {
+    /// What held the calls.
+    pub peer: String,
+    /// Calls held open.
+    pub calls: usize,
+    /// Calls per connection.
+    pub per_connection: usize,
+    /// Server RSS before, bytes.
+    pub rss_before: u64,
+    /// Server RSS with every call open, bytes.
+    pub rss_after: u64,
+    /// (after − before) / calls.
+    pub bytes_per_call: f64,
+}
+
+/// RSS per parked call: `calls` blocking gets parked on one coordstore
+/// node, beside the floor of the HTTP/2 stack it is built on — a bare tonic
+/// server (this binary's `bare-grpc`: the gRPC health service and nothing
+/// else, the system allocator) holding as many open gRPC health `Watch`
+/// streams. Each at `per_conn` calls per connection.
+pub async fn memory(calls: usize, per_conn: usize) -> anyhow::Result<Vec<ParkedMemoryRow>> {
+    let row = |peer: &str, before: u64, after: u64| ParkedMemoryRow {
+        peer: peer.into(),
+        calls,
+        per_connection: per_conn,
+        rss_before: before,
+        rss_after: after,
+        bytes_per_call: after.saturating_sub(before) as f64 / calls as f64,
+    };
+    let mut rows = Vec::new();
+
+    eprintln!("parked-memory: coordstore 1 node, {calls} parked gets");
+    let peer = Peer::start(PeerKind::Coordstore1, 1).await?;
+    let leader = peer.leader().await?;
+    let addr = peer.addr(leader);
+    let pid = peer
+        .pid(leader)
+        .ok_or_else(|| anyhow::anyhow!("the node is not running"))?;
+    let before = crate::memory::rss(pid)?;
+    let gets = park_by(&peer, &addr, calls, per_conn).await?;
+    let after = crate::memory::rss(pid)?;
+    rows.push(row(
+        "coordstore 1 node, blocking GetKeyValue",
+        before,
+        after,
+    ));
+    for g in gets {
+        g.abort();
+    }
+    drop(peer);
+
+    eprintln!("parked-memory: bare tonic server, {calls} open health Watch streams");
+    let port = coordstore_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["bare-grpc", "--listen", &listen])
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow::anyhow!("bare-grpc exited"))?;
+    let first = channel(&listen).await;
+    let mut probe = tonic_health::pb::health_client::HealthClient::new(first);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probe
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .is_err()
+    {
+        anyhow::ensure!(Instant::now() < deadline, "bare-grpc did not answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = crate::memory::rss(pid)?;
+    let mut open = Vec::with_capacity(calls);
+    for c in 0..calls.div_ceil(per_conn) {
+        let ch = channel(&listen).await;
+        let mut watches = Vec::new();
+        for _ in (c * per_conn)..((c + 1) * per_conn).min(calls) {
+            let mut client = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+            watches.push(async move {
+                client
+                    .watch(tonic_health::pb::HealthCheckRequest::default())
+                    .await
+            });
+        }
+        for w in futures_util::future::join_all(watches).await {
+            open.push(w?.into_inner());
+        }
+    }
+    let after = crate::memory::rss(pid)?;
+    rows.push(row(
+        "bare tonic server, health Watch streams",
+        before,
+        after,
+    ));
+    drop(open);
+    child.kill().await?;
+    Ok(rows)
+}
+
+/// `bare-grpc`: a tonic server with the gRPC health service only, for
+/// [`memory`]'s floor; serves until killed.
+pub async fn bare_grpc(listen: &str) -> anyhow::Result<()> {
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .serve(listen.parse()?)
+        .await?;
+    Ok(())
+}
+
+/// The markdown table of [`memory`]'s rows.
+pub fn memory_table(rows: &[ParkedMemoryRow]) -> String {
+    let mut s = String::from(
+        "| held by | calls | per connection | RSS before, MiB | RSS after, MiB | bytes per call |\n|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.0} |\n",
+            r.peer,
+            r.calls,
+            r.per_connection,
+            r.rss_before as f64 / 1048576.0,
+            r.rss_after as f64 / 1048576.0,
+            r.bytes_per_call
+        ));
+    }
+    s
 }
