@@ -334,6 +334,19 @@ async fn namespace_series_are_bounded_and_the_rest_is_other() {
     );
     let addr = cluster.nodes[0].addr.clone();
     cluster.wait_leader(&[0], Duration::from_secs(30)).await;
+    // The default namespace's task is counted once the leader configured
+    // the service (its first duty tick); the writes below need not wait.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while coordstore_tests::try_status(&addr)
+        .await
+        .is_none_or(|s| s.service_incarnation == 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the service was not configured in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut client = cluster.client(0, Duration::from_secs(30)).await;
     // Keys: big 3, mid 2, small 1, tiny 1, default 0.
     for (name, keys) in [("big", 3), ("mid", 2), ("small", 1), ("tiny", 1)] {
