@@ -915,6 +915,32 @@ impl State {
         self.data.namespaces.get(key).cloned()
     }
 
+    /// Namespace `name`'s own parts as a snapshot of a state that holds
+    /// only it (no other namespace, no client sessions): what a client
+    /// admitted to one namespace may read of the state, decoded with
+    /// [`State::decode_snapshot`]. `None` if it does not exist.
+    pub fn namespace_snapshot(&self, name: &str) -> Option<Vec<u8>> {
+        let key = namespace_key(name);
+        let n = self.namespace_data(name)?;
+        let mut data = StateData {
+            clock_ms: self.data.clock_ms,
+            next_call_id: self.data.next_call_id,
+            ..State::default().data
+        };
+        if key.is_empty() {
+            data.initialized = n.initialized;
+            data.config = n.config;
+            data.service_incarnation = n.service_incarnation;
+            data.epoch = n.epoch;
+            data.coordination = n.coordination;
+            data.dispatcher = n.dispatcher;
+            data.closures = n.closures;
+        } else {
+            data.namespaces.insert(key.to_string(), n);
+        }
+        Some(data.encode_to_vec())
+    }
+
     /// The default namespace's shared part: configuration, service
     /// incarnation, job epoch.
     pub fn cluster(&self) -> Cluster<'_> {

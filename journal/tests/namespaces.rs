@@ -407,3 +407,37 @@ fn a_namespace_is_done_when_no_task_is_connected() {
     ok(&apply(&mut s, create("idle", 2, 9005, 1), 30));
     assert!(s.namespace("idle").unwrap().is_done());
 }
+
+#[test]
+fn a_namespace_snapshot_holds_that_namespace_and_nothing_of_the_others() {
+    let mut s = two_jobs();
+    ok(&s.apply(&in_ns("a", insert("secret-a", "1", false), 30)));
+    ok(&s.apply(&in_ns("b", insert("secret-b", "2", false), 30)));
+    ok(&s.apply(&upd(insert("secret-default", "3", false), 30)));
+    for (name, key, others) in [
+        ("a", "secret-a", ["secret-b", "secret-default"]),
+        ("b", "secret-b", ["secret-a", "secret-default"]),
+        ("default", "secret-default", ["secret-a", "secret-b"]),
+    ] {
+        let bytes = s.namespace_snapshot(name).unwrap();
+        for other in others {
+            assert!(
+                !bytes.windows(other.len()).any(|w| w == other.as_bytes()),
+                "{name}'s snapshot holds {other}"
+            );
+        }
+        let one = State::decode_snapshot(&bytes).unwrap();
+        let (mine, theirs) = (one.namespace(name).unwrap(), s.namespace(name).unwrap());
+        assert_eq!(kv(&one, name, key), kv(&s, name, key));
+        assert_eq!(mine.coordination().task(1), theirs.coordination().task(1));
+        assert_eq!(mine.service_incarnation(), theirs.service_incarnation());
+        assert_eq!(one.session_count(), 0);
+        let names: Vec<_> = one.namespaces().map(|n| n.name().to_string()).collect();
+        let want: Vec<_> = ["default", name].iter().map(|n| n.to_string()).collect();
+        assert_eq!(
+            names.iter().collect::<std::collections::BTreeSet<_>>(),
+            want.iter().collect()
+        );
+    }
+    assert!(s.namespace_snapshot("nope").is_none());
+}

@@ -211,7 +211,7 @@ fn main() -> ExitCode {
             match rt.block_on(service::cli::ctl::run(&endpoint, tls, namespace, command)) {
                 Ok(out) => print_out("ctl", &out),
                 Err(e) => {
-                    eprintln!("coordstore ctl: {e}");
+                    eprintln!("coordstore ctl: {}", service::cli::ctl::describe_error(&e));
                     ExitCode::FAILURE
                 }
             }

@@ -74,6 +74,27 @@ async fn bind_optional(
         })
 }
 
+/// Says at start who may run the cluster's verbs, when calls have an
+/// identity (client certificates required).
+fn log_admins(admins: &crate::core::Admins) {
+    if !admins.identities {
+        return;
+    }
+    if admins.names.is_empty() {
+        tracing::info!(
+            "mutual TLS and no --admin-client-name: no client may run a cluster verb \
+             (namespace create, delete, reset, export, import; reset-job; snapshot save; \
+             member add, remove); name the operators' certificates with --admin-client-name"
+        );
+    } else {
+        tracing::info!(
+            admins = ?admins.names,
+            "mutual TLS: the cluster verbs admit only client certificates named {:?}",
+            admins.names
+        );
+    }
+}
+
 /// Starts a node with `cfg`.
 pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
@@ -117,11 +138,11 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         cfg.max_message_bytes,
     )
     .with_slow_request(Duration::from_millis(cfg.slow_request_ms));
-    let core = Arc::new(Core::new(
-        router,
-        parking,
-        Duration::from_millis(cfg.leader_wait_ms),
-    ));
+    log_admins(&cfg.admins);
+    let core = Arc::new(
+        Core::new(router, parking, Duration::from_millis(cfg.leader_wait_ms))
+            .with_admins(cfg.admins.clone()),
+    );
     let metrics = Arc::new(Metrics::new(&core).with_namespace_series(cfg.metrics_namespaces));
     let metrics_listener = bind_optional(&cfg.metrics_listen).await?;
 

@@ -582,7 +582,7 @@ pub async fn connect(addr: &str, wait: Duration) -> NodeClient<Channel> {
 pub async fn journal_state(addr: &str) -> journal::State {
     let mut c = connect(addr, Duration::from_secs(30)).await;
     let snapshot = c
-        .state(proto::coordstore::StateRequest {})
+        .state(proto::coordstore::StateRequest::default())
         .await
         .expect("State")
         .into_inner()

@@ -1,7 +1,15 @@
 //! Certificate authorities and certificates for TLS tests (rcgen), written
-//! as PEM files into a directory.
+//! as PEM files into a directory; clusters of nodes with TLS, and dialing
+//! them.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::{StatusRequest, StatusResponse};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use crate::{free_port, Cluster};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -79,5 +87,121 @@ impl Ca {
         std::fs::write(&leaf.cert, cert.pem()).expect("write certificate");
         std::fs::write(&leaf.key, key.serialize_pem()).expect("write key");
         leaf
+    }
+}
+
+/// A channel to `addr` over TLS with `tls`, or why the handshake or call
+/// setup failed.
+pub async fn dial(addr: &str, tls: ClientTlsConfig) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// The status of the node at `addr` over `tls` (None: plaintext).
+pub async fn status(addr: &str, tls: Option<ClientTlsConfig>) -> Result<StatusResponse, String> {
+    let ch = match tls {
+        Some(tls) => dial(addr, tls).await?,
+        None => Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    NodeClient::new(ch)
+        .status(StatusRequest {})
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// Waits until the nodes `among` (client addresses) agree on a leader among
+/// them; returns its index.
+pub async fn wait_leader(addrs: &[String], among: &[usize], tls: &ClientTlsConfig) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut leaders = Vec::new();
+        for &i in among {
+            leaders.push(
+                status(&addrs[i], Some(tls.clone()))
+                    .await
+                    .map(|s| s.leader_id),
+            );
+        }
+        if let Ok(first) = &leaders[0] {
+            let idx = among.iter().position(|&i| i as u64 + 1 == *first);
+            if idx.is_some() && leaders.iter().all(|l| l.as_ref() == Ok(first)) {
+                return *first as usize - 1;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader among {among:?}: {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts `n` nodes with the TLS flags `flags` (and `extra`), each with a
+/// peer port of its own (TLS needs one); returns the cluster and the peer
+/// addresses.
+pub fn cluster(flags: &[String], n: usize, extra: &[&str]) -> (Cluster, Vec<String>) {
+    let addrs: Vec<String> = (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let peers: Vec<String> = (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let members = peers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+    all.extend(extra);
+    let peer_addrs = peers.clone();
+    let cluster = Cluster::start_at(&addrs, &all, move |i| {
+        vec![
+            "--peer-listen".into(),
+            peer_addrs[i].clone(),
+            "--cluster".into(),
+            members.clone(),
+        ]
+    });
+    (cluster, peers)
+}
+
+/// Waits until the nodes at `addrs` (over `tls`) have applied the same
+/// index and hold the same state digest; returns the digest.
+pub async fn wait_converged(addrs: &[String], tls: &ClientTlsConfig) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut seen = Vec::new();
+        for a in addrs {
+            seen.push(status(a, Some(tls.clone())).await.ok());
+        }
+        let all: Vec<&StatusResponse> = seen.iter().flatten().collect();
+        if all.len() == addrs.len()
+            && all.windows(2).all(|w| {
+                (w[0].last_applied, &w[0].state_digest) == (w[1].last_applied, &w[1].state_digest)
+            })
+        {
+            return all[0].state_digest.clone();
+        }
+        let seen: Vec<_> = all
+            .iter()
+            .map(|s| (s.node_id, s.last_applied, s.state_digest.clone()))
+            .collect();
+        assert!(
+            Instant::now() < deadline,
+            "{addrs:?} did not converge: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -746,7 +746,7 @@ async fn a_deleted_namespace_ends_its_parked_calls_at_once_and_leaves_nothing() 
     // The state as a snapshot encodes it: not a byte of the name left.
     let mut node = cluster.client(0, WAIT).await;
     let snap = node
-        .state(proto::coordstore::StateRequest {})
+        .state(proto::coordstore::StateRequest::default())
         .await
         .unwrap()
         .into_inner()

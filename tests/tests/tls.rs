@@ -11,74 +11,17 @@ use std::time::{Duration, Instant};
 
 use agent::{Agent, AgentConfig};
 use coordstore_tests::jax::PyProc;
-use coordstore_tests::pki::{Ca, Leaf};
+use coordstore_tests::pki::{dial, status, wait_leader, Ca, Leaf};
 use coordstore_tests::{coordstore_bin, free_port, Cluster, NodeProc};
 use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::raft_peer_client::RaftPeerClient;
-use proto::coordstore::{RaftPayload, StatusRequest, StatusResponse};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use proto::coordstore::RaftPayload;
+use tonic::transport::{Channel, ClientTlsConfig};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 fn s(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// A channel to `addr` over TLS with `tls`, or why the handshake or call
-/// setup failed.
-async fn dial(addr: &str, tls: ClientTlsConfig) -> Result<Channel, String> {
-    Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .tls_config(tls)
-        .map_err(|e| e.to_string())?
-        .connect()
-        .await
-        .map_err(|e| format!("{e:?}"))
-}
-
-/// The status of the node at `addr` over `tls` (None: plaintext).
-async fn status(addr: &str, tls: Option<ClientTlsConfig>) -> Result<StatusResponse, String> {
-    let ch = match tls {
-        Some(tls) => dial(addr, tls).await?,
-        None => Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?,
-    };
-    NodeClient::new(ch)
-        .status(StatusRequest {})
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|e| format!("{e:?}"))
-}
-
-/// Waits until the nodes `among` (client addresses) agree on a leader among
-/// them; returns its index.
-async fn wait_leader(addrs: &[String], among: &[usize], tls: &ClientTlsConfig) -> usize {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let mut leaders = Vec::new();
-        for &i in among {
-            leaders.push(
-                status(&addrs[i], Some(tls.clone()))
-                    .await
-                    .map(|s| s.leader_id),
-            );
-        }
-        if let Ok(first) = &leaders[0] {
-            let idx = among.iter().position(|&i| i as u64 + 1 == *first);
-            if idx.is_some() && leaders.iter().all(|l| l.as_ref() == Ok(first)) {
-                return *first as usize - 1;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader among {among:?}: {leaders:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 struct Pki {
@@ -144,31 +87,7 @@ impl Pki {
 /// Starts `n` TLS nodes, each with a peer port; returns the cluster and the
 /// peer addresses.
 fn tls_cluster(pki: &Pki, n: usize, extra: &[&str]) -> (Cluster, Vec<String>) {
-    let addrs: Vec<String> = (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let peers: Vec<String> = (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let members = peers
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    let flags = pki.node_flags();
-    let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
-    all.extend(extra);
-    let peer_addrs = peers.clone();
-    let cluster = Cluster::start_at(&addrs, &all, move |i| {
-        vec![
-            "--peer-listen".into(),
-            peer_addrs[i].clone(),
-            "--cluster".into(),
-            members.clone(),
-        ]
-    });
-    (cluster, peers)
+    coordstore_tests::pki::cluster(&pki.node_flags(), n, extra)
 }
 
 fn agent(addrs: &[String], tls: ClientTlsConfig) -> Agent {
@@ -465,7 +384,20 @@ fn a_namespace_admits_only_the_client_certificates_it_names() {
     let job_b = pki.clients.issue("someone", &["job-b.example"]);
     let (low, high) = coordstore_tests::free_port_range(&["127.0.0.1"], 2);
     let range = format!("{low}-{high}");
-    let (cluster, _) = tls_cluster(&pki, 1, &["--tasks", "1", "--namespace-ports", &range]);
+    // The operator's certificate runs the cluster verbs (creates).
+    let operator = pki.clients.issue("ops", &[]);
+    let (cluster, _) = tls_cluster(
+        &pki,
+        1,
+        &[
+            "--tasks",
+            "1",
+            "--namespace-ports",
+            &range,
+            "--admin-client-name",
+            "ops",
+        ],
+    );
     let addr = cluster.nodes[0].addr.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(wait_leader(
@@ -475,7 +407,7 @@ fn a_namespace_admits_only_the_client_certificates_it_names() {
     ));
     let tls_as =
         |leaf: &Leaf| proto::tls::client(&pki.servers.cert, Some((&leaf.cert, &leaf.key))).unwrap();
-    let mut node = NodeClient::new(rt.block_on(dial(&addr, pki.client_tls())).unwrap());
+    let mut node = NodeClient::new(rt.block_on(dial(&addr, tls_as(&operator))).unwrap());
     let mut create = |name: &str, allow: &str| {
         let req = CreateNamespaceRequest {
             name: name.into(),

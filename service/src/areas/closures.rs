@@ -59,7 +59,10 @@ impl Closures {
 
     /// Admits call `c` to its namespace (see `Core::admit`).
     pub async fn admit(&self, c: &Call) -> Result<(), Status> {
-        self.core.admit(c).await.map_err(|e| e.into_status(status))
+        self.core
+            .admit(c, crate::core::Access::Namespace)
+            .await
+            .map_err(|e| e.into_status(status))
     }
 
     /// Proposes `command` for call `c`: its reply, and where it applied. A

@@ -152,6 +152,15 @@ pub struct ServeOptions {
     /// [default: none, any client]
     #[arg(long)]
     pub tls_client_ca: Option<PathBuf>,
+    /// With mutual TLS: a client certificate name that may run the
+    /// cluster's verbs (namespace create, delete, reset, export, import;
+    /// reset-job; snapshot save; member add and remove) and see every
+    /// namespace: subject CN or a SAN, `*` matching any run of characters;
+    /// repeatable. Without it, with --tls-client-ca no client may run them
+    /// [default: none]
+    #[arg(long)]
+    #[serde(default)]
+    pub admin_client_name: Vec<String>,
     /// PEM certificate chain of this node on peer links: presented by the
     /// peer port and when dialing peers (needs --peer-listen, --peer-tls-key
     /// and --peer-tls-ca) [default: none, plaintext]
@@ -264,6 +273,8 @@ pub struct ServeConfig {
     pub client_tls: Option<tonic::transport::ServerTlsConfig>,
     /// The peer links' TLS, loaded: the peer port's and the dialing side's.
     pub peer_tls: Option<PeerTls>,
+    /// Who may run the cluster's verbs.
+    pub admins: crate::core::Admins,
     /// The tf.data dispatcher's settings.
     pub tfdata: TfDataConfig,
     /// Threads of the async runtime (0: one per CPU).
@@ -344,7 +355,16 @@ impl ServeOptions {
     /// `self` where set, else `other`.
     fn over(self, other: ServeOptions) -> ServeOptions {
         macro_rules! pick {
-            ($($f:ident),*) => { ServeOptions { $($f: self.$f.or(other.$f),)* job: if self.job.is_empty() { other.job } else { self.job }, config: self.config } };
+            ($($f:ident),*) => { ServeOptions {
+                $($f: self.$f.or(other.$f),)*
+                job: if self.job.is_empty() { other.job } else { self.job },
+                admin_client_name: if self.admin_client_name.is_empty() {
+                    other.admin_client_name
+                } else {
+                    self.admin_client_name
+                },
+                config: self.config,
+            } };
         }
         pick!(
             node_id,
@@ -408,6 +428,12 @@ impl ServeOptions {
             return Err("--node-id must be > 0".into());
         }
         let (client_tls, peer_tls) = self.tls()?;
+        if !self.admin_client_name.is_empty() && self.tls_client_ca.is_none() {
+            return Err(
+                "--admin-client-name needs --tls-client-ca: without client certificates no call has a name"
+                    .into(),
+            );
+        }
         let listen = self
             .listen
             .unwrap_or_else(|| format!("127.0.0.1:{DEFAULT_PORT}"));
@@ -577,6 +603,10 @@ impl ServeOptions {
             peer_listen: self.peer_listen,
             client_tls,
             peer_tls,
+            admins: crate::core::Admins {
+                identities: self.tls_client_ca.is_some(),
+                names: self.admin_client_name.clone(),
+            },
             worker_threads: self.worker_threads.unwrap_or(0),
             namespace_ports: self
                 .namespace_ports

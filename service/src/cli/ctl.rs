@@ -413,8 +413,14 @@ async fn propose(
     Ok(out)
 }
 
-async fn state(c: &mut NodeClient<Channel>) -> anyhow::Result<State> {
-    let reply = c.state(StateRequest {}).await?.into_inner();
+/// Namespace `namespace`'s part of the state (the default one if `None`):
+/// what a client the namespace admits may read.
+async fn state(c: &mut NodeClient<Channel>, namespace: &Option<String>) -> anyhow::Result<State> {
+    let namespace = namespace
+        .as_deref()
+        .unwrap_or(journal::DEFAULT_NAMESPACE)
+        .to_string();
+    let reply = c.state(StateRequest { namespace }).await?.into_inner();
     Ok(State::decode_snapshot(&reply.snapshot)?)
 }
 
@@ -515,6 +521,27 @@ fn backup_header(file: &std::path::Path) -> anyhow::Result<storage::backup::Head
         .header)
 }
 
+/// How `ctl` prints a failure: a node's refusal as its gRPC code and
+/// message (`PERMISSION_DENIED: ...`), anything else as it reads.
+pub fn describe_error(e: &anyhow::Error) -> String {
+    match e.downcast_ref::<tonic::Status>() {
+        Some(s) => format!("{}: {}", code_name(s.code()), s.message()),
+        None => e.to_string(),
+    }
+}
+
+/// The canonical name of a gRPC code (`PERMISSION_DENIED`).
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, ch) in format!("{code:?}").chars().enumerate() {
+        if ch.is_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(ch.to_ascii_uppercase());
+    }
+    name
+}
+
 /// Runs one command against `endpoint`; returns what to print.
 /// `tls`: dial over TLS (None: plaintext). `ns`: the namespace of the kv,
 /// tasks, barriers, tfdata and reset-job verbs (None: the default one).
@@ -594,11 +621,11 @@ pub async fn run(
                 .collect::<Vec<_>>())
         }
         CtlCommand::Tfdata(what) => {
-            let s = state(&mut c).await?;
+            let s = state(&mut c, &ns).await?;
             tfdata_json(namespace(&s, &ns)?, what)
         }
         CtlCommand::Tasks => {
-            let s = state(&mut c).await?;
+            let s = state(&mut c, &ns).await?;
             let s = namespace(&s, &ns)?;
             json!((0..s.task_count())
                 .map(|i| {
@@ -619,7 +646,7 @@ pub async fn run(
                 .collect::<Vec<_>>())
         }
         CtlCommand::Barriers => {
-            let s = state(&mut c).await?;
+            let s = state(&mut c, &ns).await?;
             let s = namespace(&s, &ns)?;
             json!(s
                 .coordination()
@@ -667,7 +694,7 @@ pub async fn run(
         }
         CtlCommand::Snapshot(SnapshotCommand::Save { file }) => {
             let cluster_id = c.status(StatusRequest {}).await?.into_inner().cluster_id;
-            let reply = c.state(StateRequest {}).await?.into_inner();
+            let reply = c.state(StateRequest::default()).await?.into_inner();
             let b = storage::backup::Backup::new(
                 reply.snapshot.to_vec(),
                 reply.last_applied,
@@ -683,7 +710,7 @@ pub async fn run(
         CtlCommand::ResetJob { tasks } => {
             let config = match tasks {
                 Some(n) => {
-                    let s = state(&mut c).await?;
+                    let s = state(&mut c, &ns).await?;
                     let mut cfg = namespace(&s, &ns)?
                         .config()
                         .cloned()

@@ -42,6 +42,34 @@ pub struct PortNamespace(pub String);
 #[derive(Clone, Copy, Debug)]
 pub struct PeerPort;
 
+/// The cluster's admin identity: which client certificates may run the
+/// cluster verbs (namespace create, delete, reset, export and import,
+/// reset-job, snapshot save, membership changes) and see every namespace.
+#[derive(Clone, Debug, Default)]
+pub struct Admins {
+    /// Calls carry an identity: the client port requires a certificate its
+    /// client CA signed (`--tls-client-ca`). Without one no call has an
+    /// identity, and every call is admitted to every verb.
+    pub identities: bool,
+    /// The admins' certificate names (`--admin-client-name`; subject CN or
+    /// a SAN, `*` matching any run of characters). None: with identities,
+    /// no client may run a cluster verb.
+    pub names: Vec<String>,
+}
+
+/// What a call needs to be admitted (see `Core::admit`): the one rule every
+/// service's calls pass, chosen per method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access<'a> {
+    /// Anyone who reached the port: the node's status, a read index.
+    Open,
+    /// The call's namespace: it exists, and admits the client (its
+    /// allow-list, or an admin).
+    Namespace,
+    /// A cluster verb, named for the refusal: admins only.
+    Cluster(&'a str),
+}
+
 /// One call's context (cloned for each attempt of a call retried on the
 /// leader).
 #[derive(Clone, Debug)]
@@ -88,23 +116,62 @@ impl Call {
     /// Whether a namespace that admits clients named `allow` (subject CN or
     /// a SAN of their certificate; `*` matches any run of characters; none:
     /// any client) admits this call: PERMISSION_DENIED naming the namespace
-    /// if not. A call a peer forwarded was admitted where it arrived.
-    pub fn admit(&self, allow: &[String]) -> Result<(), DomainError> {
-        if allow.is_empty() || self.from_peer {
+    /// if not. The cluster's admins are admitted to every namespace; a call
+    /// a peer forwarded was admitted where it arrived.
+    pub fn admit(&self, allow: &[String], admins: &Admins) -> Result<(), DomainError> {
+        if self.admits(allow, admins) {
             return Ok(());
         }
-        let denied = |why: String| Err(journal::namespace::not_admitted(&self.namespace, &why));
-        let Some(names) = self.client_names() else {
-            return denied(format!(
+        let why = match self.client_names() {
+            None => format!(
                 "it admits only clients with a certificate named {allow:?}; this call presented none"
-            ));
+            ),
+            Some(names) => format!(
+                "it admits only clients with a certificate named {allow:?}; this client's certificate names {names:?}"
+            ),
         };
-        if names.iter().any(|n| allow.iter().any(|p| glob(p, n))) {
+        Err(journal::namespace::not_admitted(&self.namespace, &why))
+    }
+
+    /// Whether a namespace that admits clients named `allow` admits this
+    /// call (see [`Call::admit`]).
+    pub fn admits(&self, allow: &[String], admins: &Admins) -> bool {
+        allow.is_empty() || self.from_peer || self.named(allow) || self.named_admin(admins)
+    }
+
+    /// Admits this call to cluster verb `verb` (namespace lifecycle,
+    /// reset-job, snapshot save, membership): with client certificates
+    /// required only an admin may run one; PERMISSION_DENIED naming the verb
+    /// and the certificate's names if not. Without client certificates a
+    /// call has no identity and every call is admitted (the network is the
+    /// boundary). A call a peer forwarded was admitted where it arrived.
+    pub fn admit_cluster_verb(&self, verb: &str, admins: &Admins) -> Result<(), Status> {
+        if self.from_peer || !admins.identities || self.named_admin(admins) {
             return Ok(());
         }
-        denied(format!(
-            "it admits only clients with a certificate named {allow:?}; this client's certificate names {names:?}"
-        ))
+        let names = match self.client_names() {
+            Some(names) => format!("this client's certificate names {names:?}"),
+            None => "this call presented no certificate".to_string(),
+        };
+        let admins = match admins.names.as_slice() {
+            [] => "this cluster names no admin (--admin-client-name), so no client may".to_string(),
+            list => format!("only an admin (a certificate named {list:?}) may"),
+        };
+        Err(Status::permission_denied(format!(
+            "{verb} is a cluster verb: {admins} run it; {names}"
+        )))
+    }
+
+    /// Whether the client's certificate names one of `patterns`.
+    fn named(&self, patterns: &[String]) -> bool {
+        self.client_names()
+            .is_some_and(|names| names.iter().any(|n| patterns.iter().any(|p| glob(p, n))))
+    }
+
+    /// Whether the call has an identity (client certificates are required)
+    /// and it is one of the cluster's admins.
+    fn named_admin(&self, admins: &Admins) -> bool {
+        admins.identities && self.named(&admins.names)
     }
 
     /// The names of the client's certificate (subject CN and SANs); `None`
@@ -527,17 +594,71 @@ mod tests {
         assert!(!glob("job-a", "job-ab"));
         assert!(glob("job-a", "job-a"));
         let mut c = Call::from_request(&Request::new(())).unwrap();
-        assert!(c.admit(&[]).is_ok(), "no list: any client");
+        let none = Admins::default();
+        assert!(c.admit(&[], &none).is_ok(), "no list: any client");
         let allow = vec!["job-a*".to_string()];
         assert_eq!(
-            c.admit(&allow).unwrap_err().code,
+            c.admit(&allow, &none).unwrap_err().code,
             tonic::Code::PermissionDenied as i32
         );
         c.client_names = OnceLock::from(Some(vec!["job-b".into()]));
-        let e = c.admit(&allow).unwrap_err();
+        let e = c.admit(&allow, &none).unwrap_err();
         assert!(e.message.contains("job-b"), "{e:?}");
         c.client_names = OnceLock::from(Some(vec!["job-b".into(), "job-a.worker-1".into()]));
-        assert!(c.admit(&allow).is_ok());
+        assert!(c.admit(&allow, &none).is_ok());
+    }
+
+    #[test]
+    fn only_an_admin_runs_a_cluster_verb_and_enters_every_namespace() {
+        let admins = Admins {
+            identities: true,
+            names: vec!["ops-*".into()],
+        };
+        let as_named = |names: &[&str]| {
+            let c = Call::from_request(&Request::new(())).unwrap();
+            let names = names.iter().map(|n| n.to_string()).collect();
+            c.client_names.set(Some(names)).unwrap();
+            c
+        };
+        let job = as_named(&["job-a"]);
+        let e = job
+            .admit_cluster_verb("namespace delete", &admins)
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            e.message().contains("namespace delete")
+                && e.message().contains("job-a")
+                && e.message().contains("ops-*"),
+            "{e:?}"
+        );
+        let ops = as_named(&["ops-alice"]);
+        assert!(ops.admit_cluster_verb("namespace delete", &admins).is_ok());
+        // An admin enters a namespace that does not list it; a job does not
+        // enter another's.
+        let allow = vec!["job-b".to_string()];
+        assert!(ops.admit(&allow, &admins).is_ok());
+        assert!(job.admit(&allow, &admins).is_err());
+        // No admin named: every client is refused, and the message says why.
+        let nobody = Admins {
+            identities: true,
+            names: Vec::new(),
+        };
+        let e = ops
+            .admit_cluster_verb("snapshot save", &nobody)
+            .unwrap_err();
+        assert!(e.message().contains("names no admin"), "{e:?}");
+        // No identities (no client CA): the network is the boundary.
+        let open = Admins::default();
+        assert!(job.admit_cluster_verb("namespace delete", &open).is_ok());
+        // The names are not admins without identities required (they could
+        // only come from a certificate the port does not check).
+        let unchecked = Admins {
+            identities: false,
+            names: vec!["ops-*".into()],
+        };
+        assert!(ops.admit(&allow, &unchecked).is_err());
+        // A peer's forward was admitted where it arrived.
+        assert!(Call::local().admit_cluster_verb("x", &nobody).is_ok());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use journal::{Namespace, State, Update, Wait};
 use raft::{Applied, RaftNode};
 use tonic::Status;
 
-pub use call::{Call, CallError, CallResult};
+pub use call::{Access, Admins, Call, CallError, CallResult};
 pub use leader::{now_ms, LocalLeader, Retry};
 pub use park::{Parked, Parking};
 pub use router::Router;
@@ -27,6 +27,7 @@ pub struct Core {
     router: Router,
     parking: Parking,
     ready_wait: Duration,
+    admins: Admins,
 }
 
 impl Core {
@@ -37,7 +38,19 @@ impl Core {
             router,
             parking,
             ready_wait,
+            admins: Admins::default(),
         }
+    }
+
+    /// The same core with the cluster's admin identity.
+    pub fn with_admins(mut self, admins: Admins) -> Self {
+        self.admins = admins;
+        self
+    }
+
+    /// The cluster's admin identity.
+    pub fn admins(&self) -> &Admins {
+        &self.admins
     }
 
     /// The router.
@@ -87,7 +100,7 @@ impl Core {
         if self.state(open_and_ready) {
             return Ok(());
         }
-        self.admit(call).await?;
+        self.admit(call, Access::Namespace).await?;
         let ready = |s: &State| s.namespace(call.namespace()).map(|n| n.is_initialized());
         if self.state(ready) == Some(true) {
             return Ok(());
@@ -109,11 +122,29 @@ impl Core {
         }
     }
 
-    /// Admits `call` to its namespace: NOT_FOUND if the namespace does not
-    /// exist (confirmed on an up-to-date state: a node behind the leader
-    /// does not deny a namespace just created), PERMISSION_DENIED if it
-    /// does not admit the client (see [`Call::admit`]).
-    pub async fn admit(&self, call: &Call) -> CallResult<()> {
+    /// Admits `call` for `access`: the one admission rule of every service.
+    /// A cluster verb admits only the cluster's admins (with client
+    /// certificates required; see [`Call::admit_cluster_verb`]). A namespace
+    /// call is NOT_FOUND if the namespace does not exist (confirmed on an
+    /// up-to-date state: a node behind the leader does not deny a namespace
+    /// just created) and PERMISSION_DENIED if it does not admit the client
+    /// (see [`Call::admit`]).
+    pub async fn admit(&self, call: &Call, access: Access<'_>) -> CallResult<()> {
+        match access {
+            Access::Open => Ok(()),
+            Access::Cluster(verb) => Ok(call.admit_cluster_verb(verb, &self.admins)?),
+            Access::Namespace => self.admit_to_namespace(call).await,
+        }
+    }
+
+    /// Whether namespace `n` admits `call` (its allow-list, or an admin),
+    /// here and now: what a listing shows the caller.
+    pub fn admits(&self, call: &Call, n: &Namespace<'_>) -> bool {
+        let allow = n.spec().map_or(&[][..], |s| &s.allow_client_names[..]);
+        call.admits(allow, &self.admins)
+    }
+
+    async fn admit_to_namespace(&self, call: &Call) -> CallResult<()> {
         let allow = |s: &State| {
             let n = s.namespace(call.namespace())?;
             Some(
@@ -133,7 +164,7 @@ impl Core {
                     .ok_or_else(|| CallError::from(journal::namespace::unknown(key)))?
             }
         };
-        Ok(call.admit(&allowed)?)
+        Ok(call.admit(&allowed, &self.admins)?)
     }
 
     /// Proposes `u` for `call` (see [`Router::propose`]).

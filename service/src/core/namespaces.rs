@@ -211,12 +211,16 @@ impl Namespaces {
         self.info(c, name)
     }
 
-    /// ListNamespaces (linearizable).
+    /// ListNamespaces (linearizable): every namespace that admits the
+    /// caller (all of them for an admin).
     pub async fn list(&self, c: &Call) -> Result<Vec<NamespaceInfo>, Status> {
         self.core.linearizable(c).await?;
-        let names: Vec<String> = self
-            .core
-            .state(|s| s.namespaces().map(|n| n.name().to_string()).collect());
+        let names: Vec<String> = self.core.state(|s| {
+            s.namespaces()
+                .filter(|n| self.core.admits(c, n))
+                .map(|n| n.name().to_string())
+                .collect()
+        });
         Ok(names
             .iter()
             .filter_map(|name| self.info(c, name).ok())

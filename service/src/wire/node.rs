@@ -3,12 +3,22 @@
 //! * status and reads for operators and tools (`coordstore ctl`, tests):
 //!   Status, KvGet, KvList, State — a read runs on the leader after a read
 //!   barrier (a follower forwards the whole call);
+//! * the namespace lifecycle (create, delete, reset, get, list, export,
+//!   import);
 //! * membership changes (AddMember, RemoveMember), refused without the
 //!   cluster's peer token when it has one;
 //! * what nodes ask each other (Propose, ReadIndex, Heartbeat): a follower
 //!   forwards its clients' calls to the leader through them. Propose admits
 //!   only commands a client may issue, whatever headers the request carries
 //!   (see [`check_external`]).
+//!
+//! Every method first reads its call's context and admits it for what the
+//! method needs ([`Access`], through [`Core::admit`]: the rule every service
+//! runs): the status and a read index are open to anyone who reached the
+//! port; a namespace's views and data admit its own clients and the admins;
+//! the cluster verbs (namespace create, delete, reset, export and import, a
+//! job epoch reset, the whole state for a backup, membership changes) admit
+//! only the admins.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +33,7 @@ use tonic::{Request, Response, Status};
 
 use crate::areas::coordination::Coordination;
 use crate::core::namespaces::Namespaces;
-use crate::core::{Call, Core, Retry};
+use crate::core::{Access, Call, Core, Retry};
 
 /// The `Node` service of one node.
 pub struct NodeApi {
@@ -80,11 +90,13 @@ impl NodeApi {
             .map(Response::new)
     }
 
-    /// Runs a namespace call on the leader: `local` here, or the whole
-    /// call forwarded; the call carries one origin in every attempt.
+    /// Runs a namespace lifecycle call `c` on the leader: `local` here, or
+    /// the whole call forwarded; the call carries one origin in every
+    /// attempt.
     async fn namespace_call<Req: Clone, L, LF, R, RF>(
         &self,
-        req: Request<Req>,
+        call: Call,
+        r: Req,
         local: L,
         remote: R,
     ) -> Result<Response<NamespaceInfo>, Status>
@@ -94,9 +106,7 @@ impl NodeApi {
         R: Fn(NodeClient<Channel>, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<NamespaceInfo>, Status>>,
     {
-        let call = Call::from_request(&req)?;
         let (c, _lane) = call.with_origin(self.core().router().lanes());
-        let r = req.into_inner();
         let router = self.core().router();
         let answer = router
             .on_leader(
@@ -111,13 +121,37 @@ impl NodeApi {
         answer.map(Response::new)
     }
 
-    /// Refuses a call in a namespace that does not exist (NOT_FOUND, after
-    /// a linearizable read).
-    async fn known(&self, c: &Call) -> Result<(), Status> {
+    /// The context of `req`'s call (in namespace `namespace` when the
+    /// request names one in its body), admitted for `access` (see
+    /// [`Core::admit`]): every method of this API passes here first.
+    async fn admitted<T>(
+        &self,
+        req: &Request<T>,
+        namespace: Option<&str>,
+        access: Access<'_>,
+    ) -> Result<Call, Status> {
+        let mut c = Call::from_request(req)?;
+        if let Some(name) = namespace {
+            c = c.in_namespace(name);
+        }
         let plain = |d: &journal::DomainError| {
             Status::new(tonic::Code::from_i32(d.code), d.message.clone())
         };
-        self.core().admit(c).await.map_err(|e| e.into_status(plain))
+        self.core()
+            .admit(&c, access)
+            .await
+            .map_err(|e| e.into_status(plain))?;
+        Ok(c)
+    }
+}
+
+/// What Propose needs of its caller: a job epoch reset is a cluster verb
+/// (`ctl reset-job`, like `ctl ns reset`); every other client command acts
+/// in its namespace.
+fn propose_access(u: &Update) -> Access<'static> {
+    match &u.command {
+        Some(journal::pb::update::Command::ResetJobEpoch(_)) => Access::Cluster("reset-job"),
+        _ => Access::Namespace,
     }
 }
 
@@ -196,7 +230,11 @@ pub fn status(core: &Core) -> StatusResponse {
 
 #[tonic::async_trait]
 impl Node for NodeApi {
-    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(
+        &self,
+        req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        self.admitted(&req, None, Access::Open).await?;
         Ok(Response::new(status(self.core())))
     }
 
@@ -204,30 +242,40 @@ impl Node for NodeApi {
         &self,
         req: Request<CreateNamespaceRequest>,
     ) -> Result<Response<NamespaceInfo>, Status> {
+        let c = self
+            .admitted(&req, None, Access::Cluster("namespace create"))
+            .await?;
         let ns = &self.namespaces;
         let local = |c: Call, r: CreateNamespaceRequest| async move {
             ns.create_here(&c, &r.name, &r.settings.unwrap_or_default(), None)
                 .await
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.create_namespace(r).await };
-        self.namespace_call(req, local, remote).await
+        self.namespace_call(c, req.into_inner(), local, remote)
+            .await
     }
 
     async fn delete_namespace(
         &self,
         req: Request<NamespaceRequest>,
     ) -> Result<Response<NamespaceInfo>, Status> {
+        let c = self
+            .admitted(&req, None, Access::Cluster("namespace delete"))
+            .await?;
         let ns = &self.namespaces;
         let local = |c: Call, r: NamespaceRequest| async move { ns.delete_here(&c, &r.name).await };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.delete_namespace(r).await };
-        self.namespace_call(req, local, remote).await
+        self.namespace_call(c, req.into_inner(), local, remote)
+            .await
     }
 
     async fn reset_namespace(
         &self,
         req: Request<ResetNamespaceRequest>,
     ) -> Result<Response<NamespaceInfo>, Status> {
-        let c = Call::from_request(&req)?;
+        let c = self
+            .admitted(&req, None, Access::Cluster("namespace reset"))
+            .await?;
         let r = req.into_inner();
         Ok(Response::new(
             self.namespaces.reset(&c, &r.name, r.tasks).await?,
@@ -238,17 +286,18 @@ impl Node for NodeApi {
         &self,
         req: Request<NamespaceRequest>,
     ) -> Result<Response<NamespaceInfo>, Status> {
-        let c = Call::from_request(&req)?;
-        Ok(Response::new(
-            self.namespaces.get(&c, &req.into_inner().name).await?,
-        ))
+        let name = req.get_ref().name.clone();
+        let c = self.admitted(&req, Some(&name), Access::Namespace).await?;
+        Ok(Response::new(self.namespaces.get(&c, &name).await?))
     }
 
     async fn list_namespaces(
         &self,
         req: Request<ListNamespacesRequest>,
     ) -> Result<Response<ListNamespacesResponse>, Status> {
-        let namespaces = self.namespaces.list(&Call::from_request(&req)?).await?;
+        // Open, but it lists only the namespaces that admit the caller.
+        let c = self.admitted(&req, None, Access::Open).await?;
+        let namespaces = self.namespaces.list(&c).await?;
         Ok(Response::new(ListNamespacesResponse { namespaces }))
     }
 
@@ -256,7 +305,9 @@ impl Node for NodeApi {
         &self,
         req: Request<NamespaceRequest>,
     ) -> Result<Response<ExportNamespaceResponse>, Status> {
-        let c = Call::from_request(&req)?;
+        let c = self
+            .admitted(&req, None, Access::Cluster("namespace export"))
+            .await?;
         let file = self.namespaces.export(&c, &req.into_inner().name).await?;
         Ok(Response::new(ExportNamespaceResponse { file: file.into() }))
     }
@@ -265,6 +316,9 @@ impl Node for NodeApi {
         &self,
         req: Request<ImportNamespaceRequest>,
     ) -> Result<Response<NamespaceInfo>, Status> {
+        let c = self
+            .admitted(&req, None, Access::Cluster("namespace import"))
+            .await?;
         let ns = &self.namespaces;
         let local = |c: Call, r: ImportNamespaceRequest| async move {
             let (export, data) = match storage::backup::Export::parse(r.file.to_vec()) {
@@ -288,21 +342,23 @@ impl Node for NodeApi {
             ns.create_here(&c, &name, &settings, Some(data)).await
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.import_namespace(r).await };
-        self.namespace_call(req, local, remote).await
+        self.namespace_call(c, req.into_inner(), local, remote)
+            .await
     }
 
     async fn propose(
         &self,
         req: Request<ProposeRequest>,
     ) -> Result<Response<ProposeResponse>, Status> {
-        let c = Call::from_request(&req)?;
-        let mut update = Update::decode(req.into_inner().update.as_ref())
+        let mut update = Update::decode(req.get_ref().update.as_ref())
             .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
         check_external(&mut update)?;
-        // The update's namespace admits the caller (a peer's forward was
-        // admitted where it arrived).
-        let c = c.in_namespace(journal::namespace::namespace_name(&update.namespace));
-        self.known(&c).await?;
+        // In the update's namespace (a peer's forward was admitted where it
+        // arrived).
+        let ns = journal::namespace::namespace_name(&update.namespace).to_string();
+        let c = self
+            .admitted(&req, Some(&ns), propose_access(&update))
+            .await?;
         let applied = self.core().propose(&c, &mut update).await?;
         let outcome = applied.outcome.encode_to_vec().into();
         Ok(Response::new(ProposeResponse {
@@ -312,8 +368,8 @@ impl Node for NodeApi {
     }
 
     async fn kv_get(&self, req: Request<KvGetRequest>) -> Result<Response<KvGetResponse>, Status> {
-        let (c, area, node) = (&Call::from_request(&req)?, &self.area, self.core().node());
-        self.known(c).await?;
+        let c = &self.admitted(&req, None, Access::Namespace).await?;
+        let (area, node) = (&self.area, self.core().node());
         let local = |r: KvGetRequest| async move {
             let mut reply = match area.kv_record_here(c, &r.key).unwrap_or_default() {
                 Some(e) => KvGetResponse {
@@ -337,8 +393,8 @@ impl Node for NodeApi {
         &self,
         req: Request<KvListRequest>,
     ) -> Result<Response<KvListResponse>, Status> {
-        let (c, area) = (&Call::from_request(&req)?, &self.area);
-        self.known(c).await?;
+        let c = &self.admitted(&req, None, Access::Namespace).await?;
+        let area = &self.area;
         let local = |r: KvListRequest| async move {
             let (entries, revision) = area
                 .kv_list_here(c, &r.prefix, r.limit as usize)
@@ -355,9 +411,27 @@ impl Node for NodeApi {
     }
 
     async fn state(&self, req: Request<StateRequest>) -> Result<Response<StateResponse>, Status> {
-        let (c, state) = (&Call::from_request(&req)?, self.core().node().state());
-        let local = |_| async move {
-            let (snapshot, last_applied) = state.encode_snapshot();
+        // The whole state is the backup's (a cluster verb); one namespace's
+        // part is that namespace's view.
+        let name = req.get_ref().namespace.clone();
+        let c = &match name.as_str() {
+            "" => self.admitted(&req, None, Access::Cluster("snapshot save")),
+            name => self.admitted(&req, Some(name), Access::Namespace),
+        }
+        .await?;
+        let state = self.core().node().state();
+        let local = |r: StateRequest| async move {
+            if r.namespace.is_empty() {
+                let (snapshot, last_applied) = state.encode_snapshot();
+                return Ok(StateResponse {
+                    snapshot: snapshot.into(),
+                    last_applied,
+                });
+            }
+            let last_applied = state.last_applied().map_or(0, |l| l.index);
+            let snapshot = state
+                .read(|s| s.namespace_snapshot(&r.namespace))
+                .unwrap_or_default();
             Ok(StateResponse {
                 snapshot: snapshot.into(),
                 last_applied,
@@ -372,7 +446,7 @@ impl Node for NodeApi {
         &self,
         req: Request<ReadIndexRequest>,
     ) -> Result<Response<ReadIndexResponse>, Status> {
-        let c = Call::from_request(&req)?;
+        let c = self.admitted(&req, None, Access::Open).await?;
         let index = self.core().router().read_index(&c).await?;
         Ok(Response::new(ReadIndexResponse { index }))
     }
@@ -381,7 +455,7 @@ impl Node for NodeApi {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        let c = Call::from_request(&req)?;
+        let c = self.admitted(&req, None, Access::Namespace).await?;
         let r = req.into_inner();
         let answer = self
             .area
@@ -398,7 +472,10 @@ impl Node for NodeApi {
         &self,
         req: Request<AddMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
-        let (c, node) = (&Call::from_request(&req)?, self.core().node());
+        let c = &self
+            .admitted(&req, None, Access::Cluster("member add"))
+            .await?;
+        let node = self.core().node();
         node.peer_token().check(&req)?;
         let local = |r: AddMemberRequest| async move {
             node.add_learner(r.id, &r.address).await.map_err(Retry)?;
@@ -426,7 +503,10 @@ impl Node for NodeApi {
         &self,
         req: Request<RemoveMemberRequest>,
     ) -> Result<Response<MembershipResponse>, Status> {
-        let (c, node) = (&Call::from_request(&req)?, self.core().node());
+        let c = &self
+            .admitted(&req, None, Access::Cluster("member remove"))
+            .await?;
+        let node = self.core().node();
         node.peer_token().check(&req)?;
         let local = |r: RemoveMemberRequest| async move { node.remove(r.id).await.map_err(Retry) };
         let remote = |mut l: NodeClient<Channel>, mut r| async move {

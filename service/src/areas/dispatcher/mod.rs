@@ -81,7 +81,10 @@ impl Dispatcher {
     {
         let router = self.core.router();
         let plain = |d: &DomainError| status(d);
-        self.core.admit(c).await.map_err(|e| e.into_status(plain))?;
+        self.core
+            .admit(c, crate::core::Access::Namespace)
+            .await
+            .map_err(|e| e.into_status(plain))?;
         let (call, _lane) = if exactly_once {
             c.with_origin(router.lanes())
         } else {
