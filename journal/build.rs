@@ -16,9 +16,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }
+    // The descriptors are built in too: `known` walks an entry against them
+    // to name a field this build does not know.
+    let descriptors =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("journal_descriptors.bin");
     prost_build::Config::new()
         .btree_map(["."])
         .bytes(["."])
+        .enable_type_names()
+        .file_descriptor_set_path(descriptors)
         .compile_protos(&files, &["proto"])?;
     Ok(())
 }

@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 scripts/setup-jax.sh >/dev/null
 scripts/setup-tf.sh >/dev/null
 scripts/setup-prometheus.sh >/dev/null
+# The build before namespaces, for the rolling-upgrade tests: built once
+# (sharing this checkout's dependencies) and cached under target/prev-build.
+scripts/setup-prev-build.sh >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

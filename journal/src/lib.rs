@@ -62,22 +62,21 @@ pub mod pb {
     }
 }
 
-/// The encoding version of updates and snapshots. A data dir records the
-/// version it was written in; a node refuses a dir of another version.
-/// 2: per-area commands, replies and state (1: one flat command set).
-pub const FORMAT_VERSION: u32 = 2;
-
 pub mod area;
 pub mod closures;
 mod cluster;
 pub mod coordination;
 pub mod dispatcher;
 pub mod errors;
+pub mod known;
+pub mod level;
 pub mod namespace;
 mod state;
 pub mod wait;
 
 pub use cluster::{task_name, Cluster, JAX_JOB};
+pub use known::{decode_known, NotKnown};
+pub use level::{FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, OLDEST_FORMAT};
 pub use namespace::{Namespace, DEFAULT_NAMESPACE};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{

@@ -154,9 +154,10 @@ pub fn client_proposable(command: &Command) -> bool {
         Command::ResetJobEpoch(_) | Command::Noop(_) => true,
         // The node's to propose: the leader stamps the port, the service
         // incarnation and the cluster's bounds.
-        Command::InitService(_) | Command::CreateNamespace(_) | Command::DeleteNamespace(_) => {
-            false
-        }
+        Command::InitService(_)
+        | Command::CreateNamespace(_)
+        | Command::DeleteNamespace(_)
+        | Command::SetFeatureLevel(_) => false,
         Command::Coordination(c) => c
             .command
             .as_ref()
@@ -280,6 +281,13 @@ impl State {
     /// area's ([`Area::check_invariants`]). `Err` names the broken rule. Run
     /// after every apply in debug builds, and by the property tests.
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.feature_level() > crate::FEATURE_LEVEL {
+            return Err(format!(
+                "the state needs journal feature level {}, above this build's {}",
+                self.feature_level(),
+                crate::FEATURE_LEVEL
+            ));
+        }
         if let Some(c) = &self.data.config {
             check_config(c).map_err(|e| e.message)?;
         }
@@ -371,6 +379,21 @@ impl State {
                 return Outcome::err(errors::bad_config(
                     "InitService configures the default namespace only".into(),
                 ))
+            }
+            Command::SetFeatureLevel(c) => {
+                // A node of this build never gets here with a level above
+                // its own (it stops first: storage checks every entry's
+                // level), so a state never needs more than its build applies.
+                if c.level > crate::FEATURE_LEVEL {
+                    return Outcome::err(errors::bad_config(format!(
+                        "journal feature level {} is above this build's {}",
+                        c.level,
+                        crate::FEATURE_LEVEL
+                    )));
+                }
+                // Cluster-wide, and it only rises.
+                self.data.feature_level = self.data.feature_level.max(c.level);
+                return Outcome::ok();
             }
             Command::CreateNamespace(c) => return self.create_namespace(c, at, touched),
             Command::DeleteNamespace(c) => return self.delete_namespace(c, touched),
@@ -787,8 +810,21 @@ impl State {
 
     /// Decodes a snapshot produced by [`State::encode_snapshot`], and checks
     /// it: the configuration, and each area's part against it.
+    ///
+    /// A snapshot holding a field this build does not know, or a state that
+    /// needs a higher journal feature level than this build applies, is
+    /// refused (see [`crate::known`], [`crate::level`]): it is never read in
+    /// part.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
-        let mut data = StateData::decode(bytes).map_err(|e| SnapshotError(e.to_string()))?;
+        let mut data =
+            crate::decode_known::<StateData>(bytes).map_err(|e| SnapshotError(e.to_string()))?;
+        let needs = state_level(&data);
+        if needs > crate::FEATURE_LEVEL {
+            return Err(SnapshotError(format!(
+                "the state needs journal feature level {needs}, and this build applies up to {}",
+                crate::FEATURE_LEVEL
+            )));
+        }
         let c = data.coordination.get_or_insert_with(Default::default);
         let default_kv_bytes = coordination::kv_bytes(c);
         let mut kv_bytes = BTreeMap::new();
@@ -819,6 +855,22 @@ impl State {
             n.closures.check_snapshot(cl).map_err(named)?;
         }
         Ok(s)
+    }
+
+    /// The journal feature level the cluster runs at (see
+    /// [`crate::level`]): the level the leader last raised it to (the
+    /// lowest its members apply), or the level of what the state already
+    /// holds if that is higher — a state with namespaces was written by
+    /// members that apply them, before the cluster had a level of its own.
+    /// It is also the level a node needs to hold this state.
+    pub fn feature_level(&self) -> u32 {
+        state_level(&self.data)
+    }
+
+    /// The level the leader last raised the cluster to
+    /// ([`crate::pb::SetFeatureLevel`]), or the base level.
+    pub fn raised_level(&self) -> u32 {
+        self.data.feature_level.max(crate::LEVEL_BASE)
     }
 
     /// The leader clock: the newest update time applied.
@@ -1142,6 +1194,17 @@ fn owned_command(cmd: &Command) -> Command {
         // Cannot happen (it was just encoded); keep the original.
         _ => cmd.clone(),
     }
+}
+
+/// The journal feature level state `data` needs (see
+/// [`State::required_level`]).
+fn state_level(data: &StateData) -> u32 {
+    let namespaces = if data.namespaces.is_empty() {
+        crate::LEVEL_BASE
+    } else {
+        crate::LEVEL_NAMESPACES
+    };
+    data.feature_level.max(namespaces)
 }
 
 /// The recency index of `sessions`: (last touched, client id) of each.

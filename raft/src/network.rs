@@ -30,7 +30,7 @@ use openraft::type_config::async_runtime::WatchReceiver;
 use openraft::OptionalSend;
 use proto::coordstore::raft_peer_client::RaftPeerClient;
 use proto::coordstore::raft_peer_server::{RaftPeer, RaftPeerServer};
-use proto::coordstore::{AppendFrame, RaftPayload};
+use proto::coordstore::{AppendFrame, FeatureLevelRequest, FeatureLevelResponse, RaftPayload};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use storage::{Node, NodeId, Snapshot, SnapshotData, SnapshotMeta, StateMachine, TypeConfig, Vote};
@@ -84,6 +84,11 @@ impl Channels {
     pub fn with_tls(mut self, tls: Option<tonic::transport::ClientTlsConfig>) -> Self {
         self.tls = tls;
         self
+    }
+
+    /// The TLS peers are dialed with, if any.
+    pub fn tls(&self) -> Option<&tonic::transport::ClientTlsConfig> {
+        self.tls.as_ref()
     }
 
     /// The channel to node `id` at `addr` (host:port), created on first use
@@ -750,6 +755,36 @@ impl RaftPeer for PeerService {
         };
         encode(&self.raft.install_full_snapshot(vote, snapshot).await)
     }
+
+    async fn feature_level(
+        &self,
+        req: Request<FeatureLevelRequest>,
+    ) -> Result<Response<FeatureLevelResponse>, Status> {
+        self.token.check(&req)?;
+        Ok(Response::new(FeatureLevelResponse {
+            level: journal::FEATURE_LEVEL,
+        }))
+    }
+}
+
+/// The journal feature level the peer at `ch` applies: what it answers,
+/// [`journal::LEVEL_BASE`] if it does not know the call (a build before
+/// namespaces), or why it could not be asked within `wait`.
+pub async fn ask_feature_level(
+    ch: Channel,
+    token: &PeerToken,
+    wait: Duration,
+) -> Result<u32, String> {
+    let mut req = Request::new(FeatureLevelRequest {});
+    req.set_timeout(wait);
+    token.attach(&mut req);
+    let mut client = RaftPeerClient::new(ch);
+    match tokio::time::timeout(wait, client.feature_level(req)).await {
+        Ok(Ok(reply)) => Ok(reply.into_inner().level),
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Ok(journal::LEVEL_BASE),
+        Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), s.message())),
+        Err(_) => Err(format!("no answer within {} ms", wait.as_millis())),
+    }
 }
 
 #[cfg(test)]
@@ -824,6 +859,12 @@ mod tests {
             _: Request<RaftPayload>,
         ) -> Result<Response<RaftPayload>, Status> {
             Err(Status::unimplemented("not used"))
+        }
+        async fn feature_level(
+            &self,
+            _: Request<FeatureLevelRequest>,
+        ) -> Result<Response<FeatureLevelResponse>, Status> {
+            Err(Status::unimplemented("not in this build"))
         }
     }
 
@@ -906,6 +947,12 @@ mod tests {
             _: Request<RaftPayload>,
         ) -> Result<Response<RaftPayload>, Status> {
             Err(Status::unimplemented("not used"))
+        }
+        async fn feature_level(
+            &self,
+            _: Request<FeatureLevelRequest>,
+        ) -> Result<Response<FeatureLevelResponse>, Status> {
+            Err(Status::unimplemented("not in this build"))
         }
     }
 

@@ -197,8 +197,14 @@ pub struct RaftNode {
     peer_token: PeerToken,
     /// Role, leader and membership, read without copying the full metrics.
     server: ServerWatch,
+    /// What each member last said of its journal feature level (see
+    /// [`RaftNode::member_levels`]).
+    levels: std::sync::Mutex<BTreeMap<NodeId, Result<u32, String>>>,
     _runtime: RaftRuntime,
 }
+
+/// How long a member has to say its journal feature level.
+const LEVEL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The runtime Raft's tasks run on: one of their own, or the caller's.
 struct RaftRuntime(Option<tokio::runtime::Runtime>);
@@ -318,6 +324,7 @@ impl RaftNode {
             contact,
             peer_token,
             server,
+            levels: std::sync::Mutex::default(),
             _runtime: runtime,
         }))
     }
@@ -536,6 +543,63 @@ impl RaftNode {
             .snapshot()
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Asks every member (voters and learners) which journal feature level
+    /// it applies, all at once: its level (this node's own is
+    /// [`journal::FEATURE_LEVEL`]; a node of a build before namespaces,
+    /// which does not know the question, [`journal::LEVEL_BASE`]), or why
+    /// it did not answer. Kept for [`RaftNode::known_levels`].
+    pub async fn member_levels(&self) -> BTreeMap<NodeId, Result<u32, String>> {
+        let asks = self.members().into_iter().map(|(id, addr, _)| async move {
+            if id == self.id {
+                return (id, Ok(journal::FEATURE_LEVEL));
+            }
+            let level = match self.channels.get(id, &addr) {
+                Ok(ch) => crate::network::ask_feature_level(ch, &self.peer_token, LEVEL_WAIT).await,
+                Err(e) => Err(e),
+            };
+            (id, level.map_err(|e| format!("unreachable: {e}")))
+        });
+        let levels: BTreeMap<_, _> = futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .collect();
+        *self.levels.lock().unwrap_or_else(|p| p.into_inner()) = levels.clone();
+        levels
+    }
+
+    /// What each member said of its journal feature level when last asked
+    /// ([`RaftNode::member_levels`]); empty until then.
+    pub fn known_levels(&self) -> BTreeMap<NodeId, Result<u32, String>> {
+        self.levels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The journal feature level of the node at `address` (not yet a
+    /// member, say), as [`RaftNode::member_levels`] asks it.
+    pub async fn level_at(&self, id: NodeId, address: &str) -> Result<u32, String> {
+        let ch = Channels::new()
+            .with_tls(self.channels.tls().cloned())
+            .get(id, address)?;
+        crate::network::ask_feature_level(ch, &self.peer_token, LEVEL_WAIT).await
+    }
+
+    /// Waits until the Raft core stops on an error of its own (a storage
+    /// failure, an entry this build cannot apply); returns the error. A node
+    /// whose core stopped serves nothing more: the process should end.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &rx.borrow_watched().running_state {
+                return fatal.to_string();
+            }
+            if rx.changed().await.is_err() {
+                return "the Raft core stopped".into();
+            }
+        }
     }
 
     /// Stops openraft.

@@ -289,7 +289,18 @@ async fn serve(cfg: ServeConfig) -> ExitCode {
         cfg.cluster.len(),
         cfg.data_dir.display()
     );
-    wait_for_signal().await;
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        why = node.core.node().failed() => {
+            // Its Raft core stopped (an entry this build cannot apply, a
+            // disk that fails): a node that cannot apply the log serves
+            // nothing more.
+            tracing::error!("coordstore node {} stops: {why}", cfg.node_id);
+            eprintln!("coordstore serve: node {} stops: {why}", cfg.node_id);
+            node.stop().await;
+            return ExitCode::FAILURE;
+        }
+    }
     tracing::info!("coordstore node {} stopping", cfg.node_id);
     node.stop().await;
     ExitCode::SUCCESS

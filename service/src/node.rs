@@ -18,7 +18,7 @@ use crate::core::namespaces::{NamespacePolicy, Namespaces};
 use crate::core::{Core, LocalLeader, Parking, Router};
 use crate::duties::{
     closures::ClosuresDuty, cluster::ClusterDuty, coordination::CoordinationDuty,
-    dispatcher::DispatcherDuty, namespaces::NamespaceDuty, LeaderRuntime,
+    dispatcher::DispatcherDuty, levels::LevelDuty, namespaces::NamespaceDuty, LeaderRuntime,
 };
 use crate::ops::http;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
@@ -130,6 +130,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         dispatcher_duty.clone(),
         Arc::new(ClosuresDuty),
         Arc::new(NamespaceDuty),
+        Arc::new(LevelDuty::default()),
     ]));
     let parking = Parking::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls);
     let router = Router::new(

@@ -77,6 +77,12 @@ pub trait Backend: Send + Sync + 'static {
     /// so a start-up can tell when the database lost data it had (see
     /// [`DiskBackend::committed_marker`]). May be throttled.
     fn note_committed(&self, index: u64);
+    /// Records, durably and before it returns, that the data dir holds (or
+    /// is about to hold) data that needs journal feature level `level`:
+    /// its journal format, which a build of a lower level refuses to open
+    /// (see `journal::level`). A level at or below the recorded one changes
+    /// nothing.
+    fn record_level(&self, level: u32) -> io::Result<()>;
 }
 
 /// What the data dir must belong to.
@@ -108,9 +114,10 @@ impl OpenError {
 }
 
 const IDENTITY_KEY: &str = "identity";
-/// The journal format the log and snapshots are encoded in
-/// ([`journal::FORMAT_VERSION`]); absent in dirs written before it was
-/// recorded (format 1).
+/// The journal format of the data dir: the journal feature level its log
+/// and snapshot need (`journal::level`), raised before anything that needs
+/// more is written; absent in dirs written before it was recorded (format
+/// 1). Builds before namespaces open format 2 only.
 const FORMAT_KEY: &str = "journal_format";
 
 /// A data dir's stores: [`Wal`] files for the log, sled for the metadata,
@@ -123,6 +130,9 @@ pub struct DiskBackend {
     snapshot: SnapshotFile,
     marker_path: PathBuf,
     marker: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
+    /// The journal format recorded (see [`FORMAT_KEY`]); raised under its
+    /// lock.
+    format: std::sync::Mutex<u32>,
 }
 
 /// Directory of the log files.
@@ -162,6 +172,7 @@ impl DiskBackend {
             snapshot: SnapshotFile::new(dir),
             marker_path: dir.join(MARKER_FILE),
             marker: std::sync::Mutex::new((0, None)),
+            format: std::sync::Mutex::new(journal::LEVEL_BASE),
         };
         backend
             .move_sled_log()
@@ -234,16 +245,31 @@ impl DiskBackend {
                         .and_then(|s| s.parse::<u32>().ok())
                         .ok_or_else(|| OpenError::new(dir, "the format record is corrupted"))?,
                 };
-                if format != journal::FORMAT_VERSION {
+                if format > journal::FEATURE_LEVEL {
                     return Err(OpenError::new(
                         dir,
                         format!(
-                            "it holds journal format {format}, and this coordstore reads format {}; \
-                             start the node on an empty data dir so it catches up from its peers",
-                            journal::FORMAT_VERSION
+                            "it holds journal format {format} ({}), and this coordstore reads formats {} to {}: \
+                             a newer build wrote it, and an older one does not open it (a downgrade); \
+                             run a build of journal feature level {format} or newer on it",
+                            journal::level::describe(format),
+                            journal::OLDEST_FORMAT,
+                            journal::FEATURE_LEVEL
                         ),
                     ));
                 }
+                if format < journal::OLDEST_FORMAT {
+                    return Err(OpenError::new(
+                        dir,
+                        format!(
+                            "it holds journal format {format}, and this coordstore reads formats {} to {}; \
+                             start the node on an empty data dir so it catches up from its peers",
+                            journal::OLDEST_FORMAT,
+                            journal::FEATURE_LEVEL
+                        ),
+                    ));
+                }
+                *self.format.lock().unwrap_or_else(|p| p.into_inner()) = format;
                 Ok(())
             }
             None => {
@@ -254,7 +280,9 @@ impl DiskBackend {
                         "it holds a database without an identity record (not written by coordstore)",
                     ));
                 }
-                let format = journal::FORMAT_VERSION.to_string();
+                // A new dir needs the base level until something of a
+                // higher one is written into it.
+                let format = journal::LEVEL_BASE.to_string();
                 self.meta
                     .put(FORMAT_KEY, format.as_bytes(), false)
                     .map_err(|e| OpenError::new(dir, format!("cannot write identity: {e}")))?;
@@ -320,6 +348,21 @@ impl Backend for DiskBackend {
 
     fn meta_remove(&self, key: &str) -> io::Result<()> {
         self.meta.remove(key)
+    }
+
+    fn record_level(&self, level: u32) -> io::Result<()> {
+        let mut format = self.format.lock().unwrap_or_else(|p| p.into_inner());
+        if level <= *format {
+            return Ok(());
+        }
+        self.meta
+            .put(FORMAT_KEY, level.to_string().as_bytes(), true)?;
+        tracing::info!(
+            "the data dir now holds journal feature level {level} ({}): journal format {level}",
+            journal::level::describe(level)
+        );
+        *format = level;
+        Ok(())
     }
 
     fn snapshot_stage(

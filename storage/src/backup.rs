@@ -79,7 +79,9 @@ impl Backup {
         Ok(Backup {
             header: Header {
                 index,
-                format: journal::FORMAT_VERSION,
+                // The level the state needs: a build of a lower one refuses
+                // to restore it.
+                format: state.feature_level(),
                 cluster_id: cluster_id.to_string(),
                 size: data.len() as u64,
                 sha256: sha256_hex(&data),
@@ -151,13 +153,7 @@ impl Backup {
                 header.sha256
             ));
         }
-        if header.format != journal::FORMAT_VERSION {
-            return Err(format!(
-                "it holds journal format {}, and this coordstore reads format {}",
-                header.format,
-                journal::FORMAT_VERSION
-            ));
-        }
+        check_format(header.format)?;
         let state =
             State::decode_snapshot(&data).map_err(|e| format!("the state does not decode: {e}"))?;
         let digest = state.digest_hex();
@@ -214,7 +210,8 @@ impl Export {
             header: ExportHeader {
                 name: name.to_string(),
                 index,
-                format: journal::FORMAT_VERSION,
+                // Only a build that has namespaces imports one.
+                format: journal::LEVEL_NAMESPACES,
                 cluster_id: cluster_id.to_string(),
                 size: data.len() as u64,
                 sha256: sha256_hex(&data),
@@ -265,17 +262,25 @@ impl Export {
                 header.sha256
             ));
         }
-        if header.format != journal::FORMAT_VERSION {
-            return Err(format!(
-                "it holds journal format {}, and this coordstore reads format {}",
-                header.format,
-                journal::FORMAT_VERSION
-            ));
-        }
-        let ns = <journal::pb::NamespaceData as prost::Message>::decode(data.as_slice())
-            .map_err(|e| format!("the namespace does not decode: {e}"))?;
+        check_format(header.format)?;
+        let ns = journal::decode_known::<journal::pb::NamespaceData>(&data)
+            .map_err(|e| format!("the namespace cannot be read: {e}"))?;
         Ok((Export { header, data }, ns))
     }
+}
+
+/// A file of journal format `format` is one this build reads (a format is
+/// the journal feature level the file's state needs).
+fn check_format(format: u32) -> Result<(), String> {
+    if (journal::OLDEST_FORMAT..=journal::FEATURE_LEVEL).contains(&format) {
+        return Ok(());
+    }
+    Err(format!(
+        "it holds journal format {format} ({}), and this coordstore reads formats {} to {}",
+        journal::level::describe(format),
+        journal::OLDEST_FORMAT,
+        journal::FEATURE_LEVEL
+    ))
 }
 
 /// Seeds the data dir of node `identity.node_id` of a new cluster
@@ -339,6 +344,9 @@ pub fn restore(
         identity,
     )?);
     backend
+        .record_level(backup.header.format)
+        .map_err(|e| refuse(format!("cannot record the journal format: {e}")))?;
+    backend
         .snapshot_put(&meta, &backup.data)
         .map_err(|e| refuse(format!("cannot write the snapshot: {e}")))?;
     backend.note_committed(backup.header.index);
@@ -401,6 +409,42 @@ mod tests {
         assert!(Backup::parse(other.encode().unwrap())
             .unwrap_err()
             .contains("journal format 99"));
+    }
+
+    /// A backup says the level its state needs; a level this build does
+    /// not know is refused, every one it knows is read; a namespace export
+    /// says level 3 (only a build with namespaces imports one).
+    #[test]
+    fn backups_and_exports_carry_their_level_and_a_newer_one_is_refused() {
+        let b = sample();
+        assert_eq!(b.header.format, journal::LEVEL_BASE);
+        let mut newer = b.clone();
+        newer.header.format = journal::FEATURE_LEVEL + 1;
+        let e = Backup::parse(newer.encode().unwrap()).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "journal format {} (a newer build than this one)",
+                journal::FEATURE_LEVEL + 1
+            )),
+            "{e}"
+        );
+        let mut known = b.clone();
+        known.header.format = journal::FEATURE_LEVEL;
+        assert!(Backup::parse(known.encode().unwrap()).is_ok());
+        let data = journal::pb::NamespaceData::default();
+        let export = Export::new("a", prost::Message::encode_to_vec(&data), 3, "c", 1);
+        assert_eq!(export.header.format, journal::LEVEL_NAMESPACES);
+        assert!(Export::parse(export.encode().unwrap()).is_ok());
+        let mut newer = export.clone();
+        newer.header.format = journal::FEATURE_LEVEL + 1;
+        let e = Export::parse(newer.encode().unwrap()).unwrap_err();
+        assert!(e.contains("a newer build than this one"), "{e}");
+        // A namespace holding a field this build does not know.
+        let mut bytes = prost::Message::encode_to_vec(&data);
+        bytes.extend([0xf8, 0x07, 0x01]); // field 127, a varint
+        let odd = Export::new("a", bytes, 3, "c", 1);
+        let e = Export::parse(odd.encode().unwrap()).unwrap_err();
+        assert!(e.contains("NamespaceData: field 127"), "{e}");
     }
 
     fn members() -> BTreeMap<NodeId, String> {

@@ -244,10 +244,24 @@ impl LogStore {
             .collect()
     }
 
+    /// The journal feature level `entries` need (see
+    /// [`Backend::record_level`]).
+    fn required_level<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> u32 {
+        entries
+            .into_iter()
+            .filter_map(|e| match &e.payload {
+                EntryPayload::Normal(p) => Some(p.required_level()),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(journal::LEVEL_BASE)
+    }
+
     /// Writes entries in one batch and flushes before returning. For tools
     /// and tests that build a journal without a running Raft node.
     pub async fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> io::Result<()> {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        self.backend.record_level(Self::required_level(&entries))?;
         let records = Self::encode_entries(&entries)?;
         self.tail().clear();
         let backend = self.backend.clone();
@@ -456,6 +470,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        // The data dir says what its log needs before the log holds it (a
+        // sync, once per level): an older build refuses the dir instead of
+        // misreading it.
+        self.backend.record_level(Self::required_level(&entries))?;
         let records = Self::encode_entries(&entries)?;
         // A write into the page cache, on this task (a running flush does
         // not hold it up): the follower answers and the leader replicates

@@ -169,7 +169,12 @@ impl StateMachine {
         let snapshot_bytes = stored.as_ref().map_or(0, |s| s.data.len() as u64);
         if let Some(stored) = &stored {
             data.state = State::decode_snapshot(&stored.data)
-                .map_err(|e| format!("the snapshot is corrupted: {e}"))?;
+                .map_err(|e| format!("the snapshot cannot be read: {e}"))?;
+            // A dir an earlier build wrote may hold a state that needs more
+            // than its format says.
+            backend
+                .record_level(data.state.feature_level())
+                .map_err(|e| format!("cannot record the journal format: {e}"))?;
             data.last_applied = stored.meta.last_log_id;
             data.membership = stored.meta.last_membership.clone();
         }
@@ -232,6 +237,36 @@ fn load_snapshot(backend: &dyn Backend) -> Result<Option<StoredSnapshot>, String
             .map(Some)
             .map_err(|e| format!("the snapshot record is corrupted: {e}")),
     }
+}
+
+/// Checks that this build can apply `entry` in full; returns the journal
+/// feature level it needs. An entry holding a field this build does not
+/// know, or an update of a higher level, is an error naming its index and
+/// what this build did not know.
+fn check_entry(entry: &crate::types::Entry) -> std::io::Result<u32> {
+    let EntryPayload::Normal(p) = &entry.payload else {
+        return Ok(journal::LEVEL_BASE);
+    };
+    let index = entry.log_id.index;
+    if let Some(unknown) = p.unknown() {
+        return Err(std::io::Error::other(format!(
+            "log entry {index} cannot be applied in full: {unknown}"
+        )));
+    }
+    let mut level = journal::LEVEL_BASE;
+    for u in &p.batch().updates {
+        let needs = u.required_level();
+        if needs > journal::FEATURE_LEVEL {
+            return Err(std::io::Error::other(format!(
+                "log entry {index} cannot be applied: its {} needs journal feature level {needs}, \
+                 and this build applies up to {} (run a newer build on this node)",
+                u.command_name(),
+                journal::FEATURE_LEVEL
+            )));
+        }
+        level = level.max(needs);
+    }
+    Ok(level)
 }
 
 /// Where a snapshot being built is staged (see [`Backend::snapshot_stage`]).
@@ -421,12 +456,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let entries: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let started = std::time::Instant::now();
+        // An entry this build cannot apply in full stops the node (openraft
+        // stops on the error): the entries before it are applied, nothing
+        // of it or after it.
+        let mut refused = None;
         let mut answers = Vec::with_capacity(entries.len());
         // What changed is recorded only for an observer.
         let traced = self.shared.observer.get().is_some();
         let last_index = {
             let mut d = self.shared.write();
             for (entry, responder) in entries {
+                match check_entry(&entry).and_then(|l| self.backend.record_level(l)) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
                 if let Some(prev) = d.last_applied {
                     if entry.log_id.index <= prev.index {
                         tracing::error!(
@@ -469,7 +515,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for (r, outcomes) in answers {
             r.send(outcomes);
         }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -502,6 +548,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let len = data.len() as u64;
         let state = in_place(|| State::decode_snapshot(&data))
             .map_err(|e| io_err("decoding the snapshot from the leader", e))?;
+        self.backend.record_level(state.feature_level())?;
         let meta_bytes = encode(meta).map_err(|e| io_err("encoding snapshot metadata", e))?;
         replace_snapshot(
             self.backend.clone(),

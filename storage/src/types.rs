@@ -15,10 +15,17 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// beside the decoded batch: the batch is encoded once where it is proposed
 /// and decoded once where it arrives, and writing it to the log or to a peer
 /// copies those bytes. Clones share both.
+///
+/// A proposal whose encoding holds fields this build does not know (an
+/// entry a newer build wrote) decodes, and says so ([`Proposal::unknown`]):
+/// it must never be applied, in part or skipped, and the state machine
+/// stops on it (`journal::known`).
 #[derive(Clone, Debug, Default)]
 pub struct Proposal {
     batch: Arc<UpdateBatch>,
     encoded: Bytes,
+    /// What of the encoding this build does not know, if anything.
+    unknown: Option<Arc<journal::NotKnown>>,
 }
 
 impl Proposal {
@@ -33,21 +40,47 @@ impl Proposal {
             Ok(decoded) => Proposal {
                 batch: Arc::new(decoded),
                 encoded,
+                unknown: None,
             },
             // Cannot happen (it was just encoded); keep the batch as given.
             Err(_) => Proposal {
                 batch: Arc::new(batch),
                 encoded,
+                unknown: None,
             },
         }
     }
 
-    /// Decodes a proposal from its prost encoding.
+    /// Decodes a proposal from its prost encoding, noting any field this
+    /// build does not know.
     pub fn decode(encoded: Bytes) -> Result<Proposal, prost::DecodeError> {
+        let batch = UpdateBatch::decode(encoded.clone())?;
+        let unknown = journal::known::check_known(&batch, &encoded)
+            .err()
+            .map(Arc::new);
         Ok(Proposal {
-            batch: Arc::new(UpdateBatch::decode(encoded.clone())?),
+            batch: Arc::new(batch),
             encoded,
+            unknown,
         })
+    }
+
+    /// What of this proposal's encoding this build does not know: `Some`
+    /// for an entry a newer build wrote with a field or command this one
+    /// cannot apply.
+    pub fn unknown(&self) -> Option<&journal::NotKnown> {
+        self.unknown.as_deref()
+    }
+
+    /// The journal feature level applying this proposal needs (its
+    /// updates' highest).
+    pub fn required_level(&self) -> u32 {
+        self.batch
+            .updates
+            .iter()
+            .map(journal::Update::required_level)
+            .max()
+            .unwrap_or(journal::LEVEL_BASE)
     }
 
     /// The updates.

@@ -83,38 +83,61 @@ fn another_nodes_dir_is_refused() {
     assert!(err.contains("belongs to node 1 of cluster 'c1'"), "{err}");
 }
 
+/// The journal format a dir records, as sled holds it.
+fn set_format(dir: &std::path::Path, format: Option<u32>) {
+    let db = sled_reopen(dir);
+    let meta = db.open_tree("meta").unwrap();
+    match format {
+        Some(f) => {
+            meta.insert("journal_format", f.to_string().as_bytes())
+                .unwrap();
+        }
+        None => assert!(meta.remove("journal_format").unwrap().is_some()),
+    }
+    db.flush().unwrap();
+}
+
+fn format_of(dir: &std::path::Path) -> u32 {
+    let db = sled_reopen(dir);
+    let meta = db.open_tree("meta").unwrap();
+    let raw = meta.get("journal_format").unwrap().unwrap();
+    std::str::from_utf8(&raw).unwrap().parse().unwrap()
+}
+
 #[test]
 fn a_dir_of_another_journal_format_is_refused() {
     let dir = TempDir::new().unwrap();
     drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
+    // A new dir needs the base level until something needs more.
+    assert_eq!(format_of(dir.path()), journal::LEVEL_BASE);
     // A dir written before the format was recorded (format 1).
-    {
-        let db = sled_reopen(dir.path());
-        let meta = db.open_tree("meta").unwrap();
-        assert!(meta.remove("journal_format").unwrap().is_some());
-        db.flush().unwrap();
-    }
+    set_format(dir.path(), None);
     let err = open_err(dir.path(), &id("c1", 1));
     assert!(err.contains(&dir.path().display().to_string()), "{err}");
     assert!(
         err.contains(&format!(
-            "journal format 1, and this coordstore reads format {}",
-            journal::FORMAT_VERSION
+            "journal format 1, and this coordstore reads formats {} to {}",
+            journal::OLDEST_FORMAT,
+            journal::FEATURE_LEVEL
         )),
         "{err}"
     );
-    // Its own format reopens.
-    {
-        let db = sled_reopen(dir.path());
-        let meta = db.open_tree("meta").unwrap();
-        meta.insert(
-            "journal_format",
-            journal::FORMAT_VERSION.to_string().as_bytes(),
-        )
-        .unwrap();
-        db.flush().unwrap();
+    // A dir a newer build wrote: a downgrade, refused.
+    set_format(dir.path(), Some(journal::FEATURE_LEVEL + 1));
+    let err = open_err(dir.path(), &id("c1", 1));
+    assert!(
+        err.contains(&format!(
+            "journal format {} (a newer build than this one)",
+            journal::FEATURE_LEVEL + 1
+        )) && err.contains("a downgrade"),
+        "{err}"
+    );
+    // Every format this build reads reopens, and keeps its format.
+    for format in journal::OLDEST_FORMAT..=journal::FEATURE_LEVEL {
+        set_format(dir.path(), Some(format));
+        drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
+        assert_eq!(format_of(dir.path()), format);
     }
-    drop(storage::open(dir.path(), 8 << 20, &id("c1", 1)).unwrap());
 }
 
 #[test]

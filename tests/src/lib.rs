@@ -65,6 +65,20 @@ pub fn coordstore_bin() -> PathBuf {
     bin
 }
 
+/// The `coordstore` binary of the last build before namespaces (commit
+/// eb5f867, journal feature level 2), for the upgrade tests: built once by
+/// `scripts/setup-prev-build.sh` (which `scripts/test.sh` runs) into
+/// `target/prev-build/`.
+pub fn prev_build_bin() -> PathBuf {
+    let bin = workspace().join("target/prev-build/eb5f867/coordstore");
+    assert!(
+        bin.exists(),
+        "{} is missing: run scripts/setup-prev-build.sh (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {
     free_port_on("127.0.0.1")
@@ -154,6 +168,8 @@ pub struct NodeProc {
     args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
+    /// The binary it runs: this build's, or another ([`NodeProc::set_bin`]).
+    bin: Option<PathBuf>,
 }
 
 impl NodeProc {
@@ -185,6 +201,7 @@ impl NodeProc {
             .collect(),
             log: dir.join(format!("relay-{}.log", addr.replace(':', "_"))),
             child: None,
+            bin: None,
         };
         p.spawn();
         p
@@ -196,7 +213,7 @@ impl NodeProc {
             .append(true)
             .open(&self.log)
             .expect("node log file");
-        let mut cmd = Command::new(coordstore_bin());
+        let mut cmd = Command::new(self.bin.clone().unwrap_or_else(coordstore_bin));
         cmd.arg(self.sub)
             .args(&self.args)
             .stdin(Stdio::null())
@@ -218,6 +235,77 @@ impl NodeProc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts `bin serve` as node `id` on `addr` with its data in
+    /// `data_dir`, `extra` flags and its log in `log_dir` (a node outside a
+    /// [`Cluster`], of another build say).
+    pub fn serve_with_bin(
+        bin: &std::path::Path,
+        id: u64,
+        addr: &str,
+        data_dir: &std::path::Path,
+        extra: &[&str],
+        log_dir: &std::path::Path,
+    ) -> NodeProc {
+        let mut args: Vec<String> = vec![
+            "--node-id".into(),
+            id.to_string(),
+            "--listen".into(),
+            addr.into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut p = NodeProc {
+            id,
+            addr: addr.to_string(),
+            data_dir: data_dir.to_path_buf(),
+            sub: "serve",
+            args,
+            log: log_dir.join(format!("node{id}-{}.log", addr.replace(':', "_"))),
+            child: None,
+            bin: Some(bin.to_path_buf()),
+        };
+        p.spawn();
+        p
+    }
+
+    /// Runs `bin` from the next (re)start on (None: this build's binary).
+    pub fn set_bin(&mut self, bin: Option<PathBuf>) {
+        self.bin = bin;
+    }
+
+    /// Stops the process as an operator does (SIGTERM), and waits until it
+    /// exits (SIGKILL after `wait`); its exit status.
+    pub fn stop(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        self.signal(libc::SIGTERM);
+        let status = self.wait_exit(wait);
+        self.kill();
+        status
+    }
+
+    /// Waits until the process exits on its own, up to `wait`: its exit
+    /// status, or `None` if it still runs (or never ran).
+    pub fn wait_exit(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the process again (after [`NodeProc::stop`] or a kill).
+    pub fn start(&mut self) {
+        self.kill();
+        self.spawn();
     }
 
     /// Sends `signal` (e.g. `libc::SIGSTOP`, `libc::SIGCONT`) to the process.
@@ -278,6 +366,15 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// Starts `n` nodes of another build, the binary `bin`, that form one
+    /// cluster; `extra` flags go to every node.
+    pub fn start_bin(bin: &std::path::Path, n: usize, extra: &[&str]) -> Cluster {
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        Self::start_with_bin(&addrs, extra, |_| Vec::new(), None, Some(bin))
+    }
+
     /// Starts `n` nodes that form one cluster; `extra` flags go to every node.
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
         let addrs: Vec<String> = (0..n)
@@ -357,6 +454,16 @@ impl Cluster {
         per_node: impl Fn(usize) -> Vec<String>,
         data_root: Option<&std::path::Path>,
     ) -> Cluster {
+        Self::start_with_bin(addrs, extra, per_node, data_root, None)
+    }
+
+    fn start_with_bin(
+        addrs: &[String],
+        extra: &[&str],
+        per_node: impl Fn(usize) -> Vec<String>,
+        data_root: Option<&std::path::Path>,
+        bin: Option<&std::path::Path>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let data_root = data_root.unwrap_or(dir.path()).to_path_buf();
         let cluster = addrs
@@ -397,10 +504,12 @@ impl Cluster {
                 args,
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,
+                bin: None,
             };
             for pair in per_node(i).chunks(2) {
                 node.set_arg(&pair[0], pair.get(1).map_or("", String::as_str));
             }
+            node.set_bin(bin.map(std::path::Path::to_path_buf));
             node.spawn();
             nodes.push(node);
         }
@@ -434,6 +543,7 @@ impl Cluster {
             args,
             log: self.dir.path().join(format!("node{id}.log")),
             child: None,
+            bin: None,
         };
         node.spawn();
         self.nodes[i] = node;

@@ -1,7 +1,9 @@
 //! What the build before namespaces wrote, read by this one
 //! (`tests/fixtures/before-namespaces`): its data dir opens as the default
-//! namespace with the same state digest and every key, and takes new
-//! namespaces; its backup checks and restores to the same digest.
+//! namespace with the same state and every key (plus the one entry this
+//! build adds at start, the cluster's journal feature level: the old state
+//! with that entry replayed has the node's digest), and takes new
+//! namespaces; its backup checks and restores the same way.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,18 +21,50 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Waits until the node at `addr` answers its status; returns its digest.
+/// Waits until the node at `addr` leads and has raised the cluster's
+/// journal feature level (its only write of its own at start); returns its
+/// digest.
 async fn digest(addr: &str) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(s) = try_status(addr).await {
-            if s.leader_id != 0 {
+            if s.leader_id != 0 && s.cluster_feature_level == journal::FEATURE_LEVEL {
                 return s.state_digest;
             }
         }
         assert!(Instant::now() < deadline, "{addr} did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The state the build before saved (the backup fixture's, whose digest is
+/// [`DIGEST`]).
+fn old_state() -> journal::State {
+    let b = storage::backup::Backup::read(&fixture("backup.csb")).unwrap();
+    let s = journal::State::decode_snapshot(&b.data).unwrap();
+    assert_eq!(s.digest_hex(), DIGEST);
+    s
+}
+
+/// The node at `addr` holds exactly the state the build before wrote, and
+/// the one entry this build adds to it at start: the cluster's journal
+/// feature level, raised by the leader once every member (this one) applies
+/// it. Replaying that entry onto the old state gives the node's digest.
+async fn holds_the_old_state_and_its_level(addr: &str) {
+    let now = coordstore_tests::journal_state(addr).await;
+    let mut want = old_state();
+    let raise = journal::Update {
+        at_ms: now.clock_ms(),
+        command: Some(journal::pb::update::Command::SetFeatureLevel(
+            journal::pb::SetFeatureLevel {
+                level: journal::FEATURE_LEVEL,
+            },
+        )),
+        ..Default::default()
+    };
+    assert!(!want.apply(&raise).is_err());
+    assert_eq!(now.digest_hex(), want.digest_hex());
+    assert_eq!(digest(addr).await, want.digest_hex());
 }
 
 /// The default namespace holds what the build before wrote.
@@ -62,7 +96,8 @@ async fn a_data_dir_of_the_build_before_opens_as_the_default_namespace() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut cluster =
         Cluster::start_at_on(std::slice::from_ref(&addr), &["--tasks", "2"], root.path());
-    assert_eq!(digest(&addr).await, DIGEST, "{}", cluster.logs());
+    digest(&addr).await;
+    holds_the_old_state_and_its_level(&addr).await;
     holds_the_old_state(&addr).await;
     // It takes namespaces, and keeps them over a restart.
     ns::create(&addr, "new-job", ns::tasks(1)).await.unwrap();
@@ -103,6 +138,8 @@ async fn a_backup_of_the_build_before_checks_and_restores() {
         &["--tasks", "2", "--cluster-id", "restored"],
         root.path(),
     );
-    assert_eq!(digest(&addr).await, DIGEST, "{}", cluster.logs());
+    digest(&addr).await;
+    holds_the_old_state_and_its_level(&addr).await;
     holds_the_old_state(&addr).await;
+    drop(cluster);
 }

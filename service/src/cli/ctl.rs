@@ -563,7 +563,10 @@ pub async fn run(
                 "node_id": s.node_id,
                 "leader_id": if s.leader_id == 0 { Value::Null } else { json!(s.leader_id) },
                 "term": s.term,
-                "members": s.members.iter().map(|m| json!({"id": m.id, "address": m.address, "role": m.role})).collect::<Vec<_>>(),
+                "members": s.members.iter().map(|m| json!({
+                    "id": m.id, "address": m.address, "role": m.role,
+                    "feature_level": (m.feature_level != 0).then_some(m.feature_level),
+                })).collect::<Vec<_>>(),
                 "last_applied": s.last_applied,
                 "service_incarnation": s.service_incarnation,
                 "address": s.address,
@@ -575,6 +578,8 @@ pub async fn run(
                 "parked_by_kind": s.parked_by_kind,
                 "state_digest": s.state_digest,
                 "namespaces": s.namespaces,
+                "feature_level": s.feature_level,
+                "cluster_feature_level": s.cluster_feature_level,
             })
         }
         CtlCommand::Ns(n) => ns_command(&mut c, n).await?,

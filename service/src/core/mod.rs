@@ -6,6 +6,7 @@
 
 pub mod call;
 pub mod leader;
+pub mod levels;
 pub mod namespaces;
 pub mod park;
 pub mod router;

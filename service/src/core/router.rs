@@ -291,7 +291,12 @@ impl Router {
 
     /// Proposes `u` (stamping an origin if it has none and, on the leader,
     /// the time) and returns its outcome once applied.
+    ///
+    /// An update that needs a journal feature level the cluster does not run
+    /// at is refused here, before it is proposed or forwarded (see
+    /// [`super::levels`]).
     pub async fn propose(&self, call: &Call, u: &mut Update) -> Result<Applied, Status> {
+        super::levels::require(self.node(), u.required_level(), || describe(u)).await?;
         let t0 = Instant::now();
         self.metrics.proposals.inc();
         let _lane = stamp(u, &self.lanes);
@@ -382,6 +387,14 @@ impl Router {
         }
         rx.await
             .map_err(|_| Status::unavailable("the read round to the leader stopped"))?
+    }
+}
+
+/// How a refusal names update `u`: its command, and its namespace.
+fn describe(u: &Update) -> String {
+    match u.namespace.as_str() {
+        "" => u.command_name(),
+        ns => format!("{} in namespace {ns}", u.command_name()),
     }
 }
 

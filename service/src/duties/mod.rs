@@ -9,6 +9,7 @@ pub mod closures;
 pub mod cluster;
 pub mod coordination;
 pub mod dispatcher;
+pub mod levels;
 pub mod namespaces;
 pub mod push;
 

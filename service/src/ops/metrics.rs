@@ -51,6 +51,8 @@ pub struct Metrics {
     tfdata_jobs: IntGauge,
     tfdata_workers: IntGauge,
     rss_bytes: IntGauge,
+    feature_level: IntGauge,
+    cluster_feature_level: IntGauge,
     namespaces: IntGauge,
     ns_keys: IntGaugeVec,
     ns_bytes: IntGaugeVec,
@@ -216,6 +218,14 @@ impl Metrics {
                 "process_resident_memory_bytes",
                 "Resident memory of this process",
             ),
+            feature_level: gauge(
+                "feature_level",
+                "The journal feature level this node's build applies",
+            ),
+            cluster_feature_level: gauge(
+                "cluster_feature_level",
+                "The journal feature level the cluster runs at (the lowest its members apply, once raised)",
+            ),
             registry,
         };
         let proposals = core.router().metrics().clone();
@@ -364,7 +374,9 @@ impl Metrics {
             self.tfdata_jobs.set(d.jobs().count() as i64);
             self.tfdata_workers.set(d.workers().count() as i64);
             self.render_namespaces(core, s);
+            self.cluster_feature_level.set(i64::from(s.feature_level()));
         });
+        self.feature_level.set(i64::from(journal::FEATURE_LEVEL));
         self.rss_bytes.set(rss_bytes() as i64);
         let mut out = Vec::new();
         TextEncoder::new()

@@ -121,6 +121,14 @@ impl NodeApi {
         answer.map(Response::new)
     }
 
+    /// Refuses namespace lifecycle call `what` (forwarded whole to the
+    /// leader, so checked here first) while the cluster runs below the
+    /// namespaces' journal level (see [`crate::core::levels`]).
+    async fn namespaces_level(&self, what: &str) -> Result<(), Status> {
+        let need = journal::LEVEL_NAMESPACES;
+        crate::core::levels::require(self.core().node(), need, || what.to_string()).await
+    }
+
     /// The context of `req`'s call (in namespace `namespace` when the
     /// request names one in its body), admitted for `access` (see
     /// [`Core::admit`]): every method of this API passes here first.
@@ -144,6 +152,10 @@ impl NodeApi {
         Ok(c)
     }
 }
+
+/// How long AddMember keeps asking a new node for its journal feature
+/// level before it gives up (UNAVAILABLE).
+const LEVEL_ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What Propose needs of its caller: a job epoch reset is a cluster verb
 /// (`ctl reset-job`, like `ctl ns reset`); every other client command acts
@@ -183,6 +195,7 @@ pub fn status(core: &Core) -> StatusResponse {
     let node = core.node();
     let m = node.metrics();
     let leader = m.current_leader;
+    let levels = node.known_levels();
     let members = node
         .members()
         .into_iter()
@@ -197,6 +210,11 @@ pub fn status(core: &Core) -> StatusResponse {
             }
             .into(),
             address,
+            feature_level: match levels.get(&id) {
+                Some(Ok(level)) => *level,
+                _ if id == node.id() => journal::FEATURE_LEVEL,
+                _ => 0,
+            },
         })
         .collect();
     let state = node.state();
@@ -225,6 +243,8 @@ pub fn status(core: &Core) -> StatusResponse {
             .map(|(k, n)| (k.to_string(), n))
             .collect(),
         namespaces: state.read(|s| s.namespace_count() as u64),
+        feature_level: journal::FEATURE_LEVEL,
+        cluster_feature_level: state.read(|s| s.feature_level()),
     }
 }
 
@@ -245,6 +265,7 @@ impl Node for NodeApi {
         let c = self
             .admitted(&req, None, Access::Cluster("namespace create"))
             .await?;
+        self.namespaces_level("namespace create").await?;
         let ns = &self.namespaces;
         let local = |c: Call, r: CreateNamespaceRequest| async move {
             ns.create_here(&c, &r.name, &r.settings.unwrap_or_default(), None)
@@ -262,6 +283,7 @@ impl Node for NodeApi {
         let c = self
             .admitted(&req, None, Access::Cluster("namespace delete"))
             .await?;
+        self.namespaces_level("namespace delete").await?;
         let ns = &self.namespaces;
         let local = |c: Call, r: NamespaceRequest| async move { ns.delete_here(&c, &r.name).await };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.delete_namespace(r).await };
@@ -319,6 +341,7 @@ impl Node for NodeApi {
         let c = self
             .admitted(&req, None, Access::Cluster("namespace import"))
             .await?;
+        self.namespaces_level("namespace import").await?;
         let ns = &self.namespaces;
         let local = |c: Call, r: ImportNamespaceRequest| async move {
             let (export, data) = match storage::backup::Export::parse(r.file.to_vec()) {
@@ -350,8 +373,10 @@ impl Node for NodeApi {
         &self,
         req: Request<ProposeRequest>,
     ) -> Result<Response<ProposeResponse>, Status> {
-        let mut update = Update::decode(req.get_ref().update.as_ref())
-            .map_err(|e| Status::invalid_argument(format!("undecodable journal update: {e}")))?;
+        // Whole or not at all: a field this build does not know (a newer
+        // ctl's, a newer node's forward) is refused, never dropped.
+        let mut update = journal::decode_known::<Update>(req.get_ref().update.as_ref())
+            .map_err(|e| Status::invalid_argument(format!("the journal update: {e}")))?;
         check_external(&mut update)?;
         // In the update's namespace (a peer's forward was admitted where it
         // arrived).
@@ -477,6 +502,28 @@ impl Node for NodeApi {
             .await?;
         let node = self.core().node();
         node.peer_token().check(&req)?;
+        // A node that could not apply the cluster's state is not added.
+        let (id, address) = (req.get_ref().id, req.get_ref().address.clone());
+        // A node just started may not listen yet: asked until it answers,
+        // as long as a leader is looked for.
+        let level = crate::core::levels::level_of(node, id, &address, LEVEL_ASK_WAIT).await;
+        let have = crate::core::levels::cluster_level(node);
+        match level {
+            Ok(l) if l >= have => {}
+            Ok(l) => {
+                return Err(Status::failed_precondition(format!(
+                    "node {} applies journal feature level {l} ({}), below the cluster's level {have}: \
+                     it could not apply the cluster's state; run a build of level {have} or newer on it",
+                    id,
+                    journal::level::describe(l)
+                )))
+            }
+            Err(e) => {
+                return Err(Status::unavailable(format!(
+                    "cannot ask node {id} at {address} for its journal feature level: {e}"
+                )))
+            }
+        }
         let local = |r: AddMemberRequest| async move {
             node.add_learner(r.id, &r.address).await.map_err(Retry)?;
             let mut voters: std::collections::BTreeSet<u64> = node
