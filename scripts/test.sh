@@ -17,6 +17,8 @@ scripts/setup-prev-build.sh >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# No module cycles in any crate (the script names the cycle and fails).
+python3 scripts/module-cycles.py
 # The multi-process tests start the coordstore binary (target/debug/coordstore);
 # `cargo test` alone builds only its test harness.
 cargo build -p coordstore-service --bin coordstore

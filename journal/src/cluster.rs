@@ -37,7 +37,7 @@ impl<'a> Cluster<'a> {
 
     /// The namespace's name (`default` for the default one).
     pub fn namespace(&self) -> &'a str {
-        crate::namespace::namespace_name(self.namespace)
+        crate::names::namespace_name(self.namespace)
     }
 
     /// Number of tasks in the configuration.

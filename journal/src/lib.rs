@@ -70,6 +70,7 @@ pub mod dispatcher;
 pub mod errors;
 pub mod known;
 pub mod level;
+mod names;
 pub mod namespace;
 mod state;
 pub mod wait;

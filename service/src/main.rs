@@ -24,7 +24,7 @@ pub static malloc_conf: &[u8; 86] =
 
 use service::cli::config::{ServeConfig, ServeOptions};
 use service::cli::ctl::CtlCommand;
-use service::ops::logs::{LogFormat, NodeLines};
+use service::ops::logs::{LogFormat, NodeLines, QuietNotices};
 
 #[derive(Parser)]
 #[command(
@@ -131,14 +131,20 @@ fn main() -> ExitCode {
         _ => None,
     };
     let format = serve_cfg.as_ref().map_or(LogFormat::Text, |c| c.log_format);
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("COORDSTORE_LOG")
-                .unwrap_or_else(|_| "info,openraft=warn".into()),
-        )
-        .event_format(NodeLines(format))
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("COORDSTORE_LOG")
+                    .unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
+            .event_format(NodeLines(format))
+            .finish()
+            .with(QuietNotices)
+            .init();
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     // --worker-threads, else tokio's default: one per CPU, or

@@ -402,3 +402,36 @@ async fn namespace_series_are_bounded_and_the_rest_is_other() {
     );
     assert_eq!(connected, Some(3.0), "{text}");
 }
+
+/// A newcomer's first screen: a clean start of a single node, and of a
+/// 3-node cluster, logs nothing at WARN or above (openraft's notices about
+/// stale messages of an election are not trouble; see `ops::logs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_start_logs_no_warning() {
+    for n in [1, 3] {
+        let cluster = Cluster::start(n, &[]);
+        let all: Vec<usize> = (0..n).collect();
+        cluster.wait_leader(&all, Duration::from_secs(60)).await;
+        // Settled: every node applied the cluster's level (the leader's
+        // first writes) and they agree.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        for node in &cluster.nodes {
+            while coordstore_tests::try_status(&node.addr)
+                .await
+                .is_none_or(|s| s.cluster_feature_level != journal::FEATURE_LEVEL)
+            {
+                assert!(std::time::Instant::now() < deadline, "{}", cluster.logs());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        cluster.wait_converged(&all, Duration::from_secs(60)).await;
+        for node in &cluster.nodes {
+            let log = node.log();
+            let loud: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .collect();
+            assert!(loud.is_empty(), "{n} node(s), node {}: {loud:#?}", node.id);
+        }
+    }
+}

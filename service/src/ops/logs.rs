@@ -33,6 +33,35 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
+/// openraft's notices that a message sent under an earlier vote was
+/// ignored: every election (a node's first one included) produces them,
+/// and they report openraft working as designed, not trouble. openraft
+/// logs them at WARN; they are dropped here, so a clean start shows no
+/// warning and a WARN line means something.
+const STALE_MESSAGE_NOTICES: [&str; 1] = ["A message will be ignored because "];
+
+/// The layer that drops openraft's stale-message notices (see
+/// [`STALE_MESSAGE_NOTICES`]); every other event passes.
+pub struct QuietNotices;
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for QuietNotices {
+    fn event_enabled(
+        &self,
+        event: &Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        let m = event.metadata();
+        if *m.level() != tracing::Level::WARN || m.target() != "openraft::core::raft_core" {
+            return true;
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        !STALE_MESSAGE_NOTICES
+            .iter()
+            .any(|p| fields.message.starts_with(p))
+    }
+}
+
 static NODE: OnceLock<Arc<RaftNode>> = OnceLock::new();
 
 /// From now on every line names `node`'s id, term and role.
