@@ -1,22 +1,46 @@
 //! `coordstore serve` configuration: command-line flags over an optional TOML
 //! file (same keys, snake_case) over built-in defaults. With no flags at all a
 //! node runs alone on 127.0.0.1:7470 with its data in `./coordstore-data`.
+//!
+//! The flags come in groups, each a struct of its own flattened into
+//! [`ServeOptions`] and turned into its part of [`ServeConfig`] by its own
+//! function: the job ([`JobSettings`], shared with `ctl ns create`), the
+//! journal's bounds, Raft's tuning, security (peer token, TLS, admins),
+//! tf.data, and the node itself. A config file's keys are the flags' names;
+//! one no flag has is an error.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use journal::pb::{ClusterConfig, JobSpec};
-
-pub use crate::duties::dispatcher::TfDataConfig;
 use serde::Deserialize;
+
+pub use super::job::JobSettings;
+use crate::duties::dispatcher::TfDataConfig;
 
 /// The documented default client and peer port.
 pub const DEFAULT_PORT: u16 = 7470;
 
+/// Writes `over`, the merge of two option groups: each of `opt` (Options)
+/// set here wins, else `other`'s; each of `list` (Vecs) here if non-empty.
+macro_rules! layered {
+    ($t:ident { $($opt:ident),* $(; $($list:ident),*)? }) => {
+        impl $t {
+            /// These flags where set, else `other`'s (flags over a file).
+            fn over(self, other: $t) -> $t {
+                $t {
+                    $($opt: self.$opt.or(other.$opt),)*
+                    $($($list: if self.$list.is_empty() { other.$list } else { self.$list },)*)?
+                }
+            }
+        }
+    };
+}
+
 /// Every serve option. Flags and config-file keys share these names; a flag
 /// wins over the file, the file over the default.
 #[derive(clap::Args, Deserialize, Default, Debug, Clone)]
-#[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct ServeOptions {
     /// This node's id (> 0) [default: 1]
     #[arg(long)]
@@ -44,46 +68,79 @@ pub struct ServeOptions {
     /// Name of the cluster; data dirs of another cluster are refused [default: coordstore]
     #[arg(long)]
     pub cluster_id: Option<String>,
-    /// N tasks in job `jax_worker`, what jaxlib registers [default: 1]
-    #[arg(long, conflicts_with = "job")]
-    pub tasks: Option<u32>,
-    /// A TensorFlow-style job NAME=COUNT (repeatable)
-    #[arg(long)]
-    #[serde(default)]
-    pub job: Vec<String>,
-    /// A task whose heartbeats stop this long is set to ERROR [default: 100000]
-    #[arg(long)]
-    pub heartbeat_timeout_ms: Option<u64>,
-    /// Registration barrier timeout; 0 = none [default: 3600000]
-    #[arg(long)]
-    pub register_timeout_ms: Option<u64>,
-    /// Shutdown barrier timeout; 0 = no shutdown barrier [default: 300000]
-    #[arg(long)]
-    pub shutdown_timeout_ms: Option<u64>,
-    /// RegisterTask waits for every task [default: true]
-    #[arg(long)]
-    pub register_with_barrier: Option<bool>,
-    /// Tasks may reconnect with a new incarnation; errors are not propagated [default: false]
-    #[arg(long)]
-    pub recoverable: Option<bool>,
-    /// Deliver a propagated error to each connected task as TensorFlow's
-    /// service does (its heartbeat reply, and a ReportErrorToTask push when
-    /// --tf-cluster-spec gives its address); the tasks stay CONNECTED. Off:
-    /// XLA's PollForError delivery [default: true with --job, false with --tasks]
-    #[arg(long)]
-    pub notify_tasks: Option<bool>,
-    /// The TensorFlow tasks' addresses, for pushing errors: the ClusterSpec
-    /// JSON ({"worker": ["host:port", ...], ...}) or a whole TF_CONFIG
-    /// ({"cluster": {...}, ...}), inline or as @FILE. Jobs not named by --job
-    /// (the service's own entry, e.g. "ps") are ignored
-    #[arg(long)]
-    pub tf_cluster_spec: Option<String>,
     /// Largest gRPC message in either direction [default: 536870912]
     #[arg(long)]
     pub max_message_bytes: Option<usize>,
-    /// Most KV keys; 0 = no limit [default: 0]
+    /// sled page-cache bound [default: 67108864]
     #[arg(long)]
-    pub max_keys: Option<u64>,
+    pub cache_bytes: Option<u64>,
+    /// Threads of the node's async runtime (gRPC serving, Raft, applies);
+    /// the log flusher and blocking work have threads of their own. Caps
+    /// the node's CPUs beside ML tasks or other nodes on the same host
+    /// [default: one per CPU]
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
+    /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
+    #[arg(long)]
+    pub leader_wait_ms: Option<u64>,
+    /// Most client calls parked on this node at once (blocking gets,
+    /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 400000]
+    #[arg(long)]
+    pub max_parked_calls: Option<u64>,
+    /// HOST:PORT to serve Prometheus `/metrics`, `/healthz` and `/readyz`
+    /// on (HTTP) [default: none]
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// Log lines as `text` or `json`, each with the node id, term and role [default: text]
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// Log a warning for each proposal that takes longer than this to
+    /// apply; 0 = every one [default: 1000]
+    #[arg(long)]
+    pub slow_request_ms: Option<u64>,
+    /// The ports namespaces are served on, LOW-HIGH: a namespace gets the
+    /// port its create names or the lowest free one [default: none, only
+    /// namespaces created with a port]
+    #[arg(long)]
+    pub namespace_ports: Option<String>,
+    /// Most namespaces in the cluster, the default one included; past it a
+    /// create is RESOURCE_EXHAUSTED; 0 = no bound [default: 10000]
+    #[arg(long)]
+    pub max_namespaces: Option<u64>,
+    /// Namespaces with series of their own in the metrics (the largest by
+    /// keys), the others summed as `other` [default: 20]
+    #[arg(long)]
+    pub metrics_namespaces: Option<usize>,
+    /// A TOML file with any of these keys
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// The default namespace's job.
+    #[command(flatten, next_help_heading = "The job (the default namespace's)")]
+    #[serde(flatten)]
+    pub job: JobSettings,
+    /// The journal's bounds.
+    #[command(flatten, next_help_heading = "The journal")]
+    #[serde(flatten)]
+    pub journal: JournalOptions,
+    /// Raft's tuning.
+    #[command(flatten, next_help_heading = "Replication")]
+    #[serde(flatten)]
+    pub raft: RaftOptions,
+    /// Peer token, TLS and admins.
+    #[command(flatten, next_help_heading = "Security")]
+    #[serde(flatten)]
+    pub security: SecurityOptions,
+    /// The tf.data dispatcher.
+    #[command(flatten, next_help_heading = "tf.data")]
+    #[serde(flatten)]
+    pub tfdata: TfDataOptions,
+}
+
+/// The journal's bounds (the exactly-once table, watch history).
+#[derive(clap::Args, Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct JournalOptions {
     /// Clients the exactly-once table remembers [default: 4096]
     #[arg(long)]
     pub max_client_sessions: Option<u32>,
@@ -96,9 +153,18 @@ pub struct ServeOptions {
     /// Bytes of KV change history kept for resumable watches [default: 16777216]
     #[arg(long)]
     pub watch_history_bytes: Option<u64>,
-    /// sled page-cache bound [default: 67108864]
-    #[arg(long)]
-    pub cache_bytes: Option<u64>,
+}
+layered!(JournalOptions {
+    max_client_sessions,
+    max_outcomes_per_client,
+    session_horizon_ms,
+    watch_history_bytes
+});
+
+/// Raft's tuning.
+#[derive(clap::Args, Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct RaftOptions {
     /// Snapshot after this many log entries [default: 50000]
     #[arg(long)]
     pub snapshot_every: Option<u64>,
@@ -112,12 +178,6 @@ pub struct ServeOptions {
     /// (group commit: updates queued meanwhile share the next entry) [default: 2]
     #[arg(long)]
     pub max_inflight_batches: Option<usize>,
-    /// Threads of the node's async runtime (gRPC serving, Raft, applies);
-    /// the log flusher and blocking work have threads of their own. Caps
-    /// the node's CPUs beside ML tasks or other nodes on the same host
-    /// [default: one per CPU]
-    #[arg(long)]
-    pub worker_threads: Option<usize>,
     /// Threads of a runtime of Raft's own (core, state machine, replication,
     /// write batcher); 0 runs them on the node's runtime [default: 0]
     #[arg(long)]
@@ -128,9 +188,21 @@ pub struct ServeOptions {
     /// A follower that hears no leader for this long to 1.5× campaigns [default: 1000]
     #[arg(long)]
     pub election_timeout_ms: Option<u64>,
-    /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
-    #[arg(long)]
-    pub leader_wait_ms: Option<u64>,
+}
+layered!(RaftOptions {
+    snapshot_every,
+    snapshot_log_bytes,
+    keep_behind_snapshot,
+    max_inflight_batches,
+    raft_threads,
+    raft_heartbeat_ms,
+    election_timeout_ms
+});
+
+/// Who may talk to the node: the peer token, TLS on both ports, admins.
+#[derive(clap::Args, Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct SecurityOptions {
     /// A file holding the cluster's shared peer token (any text; the same on
     /// every node): peer RPCs carry it and are refused without it. Without
     /// it peers are not authenticated [default: none]
@@ -159,7 +231,6 @@ pub struct ServeOptions {
     /// repeatable. Without it, with --tls-client-ca no client may run them
     /// [default: none]
     #[arg(long)]
-    #[serde(default)]
     pub admin_client_name: Vec<String>,
     /// PEM certificate chain of this node on peer links: presented by the
     /// peer port and when dialing peers (needs --peer-listen, --peer-tls-key
@@ -172,21 +243,23 @@ pub struct ServeOptions {
     /// PEM CA every peer's certificate must be signed by, both ways
     #[arg(long)]
     pub peer_tls_ca: Option<PathBuf>,
-    /// Most client calls parked on this node at once (blocking gets,
-    /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 400000]
-    #[arg(long)]
-    pub max_parked_calls: Option<u64>,
-    /// HOST:PORT to serve Prometheus `/metrics`, `/healthz` and `/readyz`
-    /// on (HTTP) [default: none]
-    #[arg(long)]
-    pub metrics_listen: Option<String>,
-    /// Log lines as `text` or `json`, each with the node id, term and role [default: text]
-    #[arg(long)]
-    pub log_format: Option<String>,
-    /// Log a warning for each proposal that takes longer than this to
-    /// apply; 0 = every one [default: 1000]
-    #[arg(long)]
-    pub slow_request_ms: Option<u64>,
+}
+layered!(SecurityOptions {
+    peer_token_file,
+    peer_listen,
+    tls_cert,
+    tls_key,
+    tls_client_ca,
+    peer_tls_cert,
+    peer_tls_key,
+    peer_tls_ca;
+    admin_client_name
+});
+
+/// The tf.data dispatcher's settings.
+#[derive(clap::Args, Deserialize, Default, Debug, Clone)]
+#[serde(default)]
+pub struct TfDataOptions {
     /// The tf.data service version GetVersion answers; clients and workers
     /// require their own (TensorFlow 2.21: 9) [default: 9]
     #[arg(long)]
@@ -206,24 +279,14 @@ pub struct ServeOptions {
     /// matches any port [default: none]
     #[arg(long)]
     pub tfdata_worker_addresses: Option<String>,
-    /// The ports namespaces are served on, LOW-HIGH: a namespace gets the
-    /// port its create names or the lowest free one [default: none, only
-    /// namespaces created with a port]
-    #[arg(long)]
-    pub namespace_ports: Option<String>,
-    /// Most namespaces in the cluster, the default one included; past it a
-    /// create is RESOURCE_EXHAUSTED; 0 = no bound [default: 10000]
-    #[arg(long)]
-    pub max_namespaces: Option<u64>,
-    /// Namespaces with series of their own in the metrics (the largest by
-    /// keys), the others summed as `other` [default: 20]
-    #[arg(long)]
-    pub metrics_namespaces: Option<usize>,
-    /// A TOML file with any of these keys
-    #[arg(long)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
 }
+layered!(TfDataOptions {
+    tfdata_version,
+    tfdata_client_timeout_ms,
+    tfdata_gc_timeout_ms,
+    tfdata_worker_timeout_ms,
+    tfdata_worker_addresses
+});
 
 /// The resolved configuration of one node.
 #[derive(Clone, Debug)]
@@ -357,12 +420,11 @@ impl ServeOptions {
         macro_rules! pick {
             ($($f:ident),*) => { ServeOptions {
                 $($f: self.$f.or(other.$f),)*
-                job: if self.job.is_empty() { other.job } else { self.job },
-                admin_client_name: if self.admin_client_name.is_empty() {
-                    other.admin_client_name
-                } else {
-                    self.admin_client_name
-                },
+                job: self.job.over(other.job),
+                journal: self.journal.over(other.journal),
+                raft: self.raft.over(other.raft),
+                security: self.security.over(other.security),
+                tfdata: self.tfdata.over(other.tfdata),
                 config: self.config,
             } };
         }
@@ -375,47 +437,14 @@ impl ServeOptions {
             peer_address,
             join,
             cluster_id,
-            tasks,
-            heartbeat_timeout_ms,
-            register_timeout_ms,
-            shutdown_timeout_ms,
-            register_with_barrier,
-            recoverable,
-            notify_tasks,
-            tf_cluster_spec,
             max_message_bytes,
-            max_keys,
-            max_client_sessions,
-            max_outcomes_per_client,
-            session_horizon_ms,
-            watch_history_bytes,
             cache_bytes,
-            snapshot_every,
-            snapshot_log_bytes,
-            keep_behind_snapshot,
-            max_inflight_batches,
             worker_threads,
-            raft_threads,
-            raft_heartbeat_ms,
-            election_timeout_ms,
             leader_wait_ms,
             max_parked_calls,
             metrics_listen,
             log_format,
             slow_request_ms,
-            peer_token_file,
-            peer_listen,
-            tls_cert,
-            tls_key,
-            tls_client_ca,
-            peer_tls_cert,
-            peer_tls_key,
-            peer_tls_ca,
-            tfdata_version,
-            tfdata_client_timeout_ms,
-            tfdata_gc_timeout_ms,
-            tfdata_worker_timeout_ms,
-            tfdata_worker_addresses,
             namespace_ports,
             max_namespaces,
             metrics_namespaces
@@ -427,88 +456,158 @@ impl ServeOptions {
         if node_id == 0 {
             return Err("--node-id must be > 0".into());
         }
-        let (client_tls, peer_tls) = self.tls()?;
-        if !self.admin_client_name.is_empty() && self.tls_client_ca.is_none() {
-            return Err(
-                "--admin-client-name needs --tls-client-ca: without client certificates no call has a name"
-                    .into(),
-            );
-        }
+        let security = self.security.resolve()?;
         let listen = self
             .listen
             .unwrap_or_else(|| format!("127.0.0.1:{DEFAULT_PORT}"));
         let advertise = self
             .advertise
             .clone()
-            .or_else(|| self.peer_listen.clone())
+            .or_else(|| self.security.peer_listen.clone())
             .unwrap_or_else(|| listen.clone());
-        let mut cluster = BTreeMap::new();
-        match &self.cluster {
-            Some(spec) => {
-                cluster = parse_cluster(spec)?;
-                if !cluster.contains_key(&node_id) {
-                    return Err(format!("--cluster does not list this node ({node_id})"));
-                }
-            }
-            None => {
-                cluster.insert(node_id, advertise.clone());
-            }
+        let cluster = members(self.cluster.as_deref(), node_id, &advertise)?;
+        let (coordination, tf_addresses) = default_job(&self.job, &self.journal)?;
+        let max_message_bytes = self.max_message_bytes.unwrap_or(512 << 20);
+        let mut raft = self.raft.settings();
+        raft.max_message_bytes = raft.max_message_bytes.max(max_message_bytes);
+        Ok(ServeConfig {
+            node_id,
+            listen,
+            advertise,
+            data_dir: self
+                .data_dir
+                .unwrap_or_else(|| PathBuf::from("coordstore-data")),
+            cluster,
+            cluster_id: self.cluster_id.unwrap_or_else(|| "coordstore".into()),
+            coordination,
+            max_message_bytes,
+            cache_bytes: self.cache_bytes.unwrap_or(storage::DEFAULT_CACHE_BYTES),
+            raft,
+            leader_wait_ms: self.leader_wait_ms.unwrap_or(30_000),
+            peer_overrides: peer_overrides(self.peer_address.as_deref())?,
+            join: self.join.unwrap_or(false),
+            tf_addresses,
+            max_parked_calls: self
+                .max_parked_calls
+                .unwrap_or(crate::core::park::DEFAULT_MAX_PARKED_CALLS),
+            peer_token: security.peer_token,
+            tfdata: self.tfdata.config(),
+            metrics_listen: self.metrics_listen,
+            log_format: self.log_format.as_deref().unwrap_or("text").parse()?,
+            slow_request_ms: self.slow_request_ms.unwrap_or(1000),
+            peer_listen: self.security.peer_listen,
+            client_tls: security.client_tls,
+            peer_tls: security.peer_tls,
+            admins: security.admins,
+            worker_threads: self.worker_threads.unwrap_or(0),
+            namespace_ports: self
+                .namespace_ports
+                .as_deref()
+                .map(parse_port_range)
+                .transpose()?,
+            max_namespaces: self
+                .max_namespaces
+                .unwrap_or(crate::core::namespaces::DEFAULT_MAX_NAMESPACES),
+            metrics_namespaces: self.metrics_namespaces.unwrap_or(20),
+        })
+    }
+}
+
+/// `--cluster`, or this node alone at `advertise`.
+fn members(
+    spec: Option<&str>,
+    node_id: u64,
+    advertise: &str,
+) -> Result<BTreeMap<u64, String>, String> {
+    let Some(spec) = spec else {
+        return Ok(BTreeMap::from([(node_id, advertise.to_string())]));
+    };
+    let cluster = parse_cluster(spec)?;
+    if !cluster.contains_key(&node_id) {
+        return Err(format!("--cluster does not list this node ({node_id})"));
+    }
+    Ok(cluster)
+}
+
+/// `--peer-address ID=HOST:PORT,...`.
+fn peer_overrides(spec: Option<&str>) -> Result<std::collections::HashMap<u64, String>, String> {
+    let mut overrides = std::collections::HashMap::new();
+    for (id, addr) in parse_pairs(spec.unwrap_or_default(), "--peer-address")? {
+        let id: u64 = id
+            .parse()
+            .map_err(|_| format!("--peer-address: bad node id '{id}'"))?;
+        overrides.insert(id, addr);
+    }
+    Ok(overrides)
+}
+
+/// The default namespace's configuration from the job's flags and the
+/// journal's bounds, and the TensorFlow tasks' addresses.
+fn default_job(
+    job: &JobSettings,
+    journal: &JournalOptions,
+) -> Result<(ClusterConfig, BTreeMap<String, Vec<String>>), String> {
+    let mut jobs = job.jobs()?;
+    let tf_jobs = !jobs.is_empty();
+    let tf_addresses = match &job.tf_cluster_spec {
+        Some(v) => parse_tf_cluster_spec(v)?,
+        None => BTreeMap::new(),
+    };
+    check_tf_addresses(&jobs, &tf_addresses)?;
+    if jobs.is_empty() {
+        jobs.push(JobSpec {
+            name: journal::JAX_JOB.into(),
+            count: job.tasks.unwrap_or(1),
+        });
+    }
+    let config = ClusterConfig {
+        jobs,
+        recoverable: job.recoverable.unwrap_or(false),
+        heartbeat_timeout_ms: job.heartbeat_timeout_ms.unwrap_or(100_000),
+        register_timeout_ms: job.register_timeout_ms.unwrap_or(3_600_000),
+        shutdown_timeout_ms: job.shutdown_timeout_ms.unwrap_or(300_000),
+        register_with_barrier: job.register_with_barrier.unwrap_or(true),
+        max_client_sessions: journal.max_client_sessions.unwrap_or(0),
+        max_outcomes_per_client: journal.max_outcomes_per_client.unwrap_or(0),
+        max_keys: job.max_keys.unwrap_or(0),
+        session_horizon_ms: journal
+            .session_horizon_ms
+            .unwrap_or(journal::DEFAULT_SESSION_HORIZON_MS),
+        watch_history_bytes: journal
+            .watch_history_bytes
+            .unwrap_or(journal::coordination::DEFAULT_WATCH_HISTORY_BYTES),
+        notify_tasks: job.notify_tasks.unwrap_or(tf_jobs),
+    };
+    Ok((config, tf_addresses))
+}
+
+/// `--tf-cluster-spec` gives an address to every task of each `--job`, and
+/// is given only with `--job`.
+fn check_tf_addresses(
+    jobs: &[JobSpec],
+    tf_addresses: &BTreeMap<String, Vec<String>>,
+) -> Result<(), String> {
+    if tf_addresses.is_empty() {
+        return Ok(());
+    }
+    for j in jobs {
+        let have = tf_addresses.get(&j.name).map_or(0, Vec::len);
+        if have < j.count as usize {
+            return Err(format!(
+                "--tf-cluster-spec lists {have} address(es) for job {}, --job says {}",
+                j.name, j.count
+            ));
         }
-        let mut jobs = Vec::new();
-        for spec in &self.job {
-            for (name, count) in parse_pairs(spec, "--job")? {
-                let count: u32 = count
-                    .parse()
-                    .map_err(|_| format!("--job {name}: bad count '{count}'"))?;
-                if jobs.iter().any(|j: &JobSpec| j.name == name) {
-                    return Err(format!("--job {name} given twice"));
-                }
-                jobs.push(JobSpec { name, count });
-            }
-        }
-        let tf_jobs = !jobs.is_empty();
-        let tf_addresses = match &self.tf_cluster_spec {
-            Some(v) => parse_tf_cluster_spec(v)?,
-            None => BTreeMap::new(),
-        };
-        if !tf_addresses.is_empty() {
-            for j in &jobs {
-                let have = tf_addresses.get(&j.name).map_or(0, Vec::len);
-                if have < j.count as usize {
-                    return Err(format!(
-                        "--tf-cluster-spec lists {have} address(es) for job {}, --job says {}",
-                        j.name, j.count
-                    ));
-                }
-            }
-            if !tf_jobs {
-                return Err("--tf-cluster-spec needs the coordinated jobs named with --job".into());
-            }
-        }
-        if jobs.is_empty() {
-            jobs.push(JobSpec {
-                name: journal::JAX_JOB.into(),
-                count: self.tasks.unwrap_or(1),
-            });
-        }
-        let coordination = ClusterConfig {
-            jobs,
-            recoverable: self.recoverable.unwrap_or(false),
-            heartbeat_timeout_ms: self.heartbeat_timeout_ms.unwrap_or(100_000),
-            register_timeout_ms: self.register_timeout_ms.unwrap_or(3_600_000),
-            shutdown_timeout_ms: self.shutdown_timeout_ms.unwrap_or(300_000),
-            register_with_barrier: self.register_with_barrier.unwrap_or(true),
-            max_client_sessions: self.max_client_sessions.unwrap_or(0),
-            max_outcomes_per_client: self.max_outcomes_per_client.unwrap_or(0),
-            max_keys: self.max_keys.unwrap_or(0),
-            session_horizon_ms: self
-                .session_horizon_ms
-                .unwrap_or(journal::DEFAULT_SESSION_HORIZON_MS),
-            watch_history_bytes: self
-                .watch_history_bytes
-                .unwrap_or(journal::coordination::DEFAULT_WATCH_HISTORY_BYTES),
-            notify_tasks: self.notify_tasks.unwrap_or(tf_jobs),
-        };
+    }
+    if jobs.is_empty() {
+        return Err("--tf-cluster-spec needs the coordinated jobs named with --job".into());
+    }
+    Ok(())
+}
+
+impl RaftOptions {
+    /// Raft's settings: the defaults, with what is set.
+    fn settings(&self) -> raft::RaftSettings {
         let mut raft = raft::RaftSettings::default();
         if let Some(v) = self.snapshot_every {
             raft.snapshot_every_entries = v.max(1);
@@ -531,34 +630,15 @@ impl ServeOptions {
         if let Some(v) = self.election_timeout_ms {
             raft = raft.with_election_timeout(v);
         }
-        let mut peer_overrides = std::collections::HashMap::new();
-        if let Some(spec) = &self.peer_address {
-            for (id, addr) in parse_pairs(spec, "--peer-address")? {
-                let id: u64 = id
-                    .parse()
-                    .map_err(|_| format!("--peer-address: bad node id '{id}'"))?;
-                peer_overrides.insert(id, addr);
-            }
-        }
-        let peer_token = match &self.peer_token_file {
-            None => None,
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--peer-token-file {}: {e}", path.display()))?;
-                let token = text.trim().to_string();
-                if token.is_empty() || token.parse::<tonic::metadata::MetadataValue<_>>().is_err() {
-                    return Err(format!(
-                        "--peer-token-file {}: the token must be non-empty printable ASCII",
-                        path.display()
-                    ));
-                }
-                Some(token)
-            }
-        };
-        let max_message_bytes = self.max_message_bytes.unwrap_or(512 << 20);
-        raft.max_message_bytes = raft.max_message_bytes.max(max_message_bytes);
+        raft
+    }
+}
+
+impl TfDataOptions {
+    /// The dispatcher's settings: the defaults, with what is set.
+    fn config(&self) -> TfDataConfig {
         let d = TfDataConfig::default();
-        let tfdata = TfDataConfig {
+        TfDataConfig {
             version: self.tfdata_version.unwrap_or(d.version),
             client_timeout_ms: self.tfdata_client_timeout_ms.unwrap_or(d.client_timeout_ms),
             gc_timeout_ms: self.tfdata_gc_timeout_ms.unwrap_or(d.gc_timeout_ms),
@@ -574,50 +654,53 @@ impl ServeOptions {
                         .collect()
                 })
                 .unwrap_or_default(),
-        };
-        Ok(ServeConfig {
-            node_id,
-            listen,
-            advertise,
-            data_dir: self
-                .data_dir
-                .unwrap_or_else(|| PathBuf::from("coordstore-data")),
-            cluster,
-            cluster_id: self.cluster_id.unwrap_or_else(|| "coordstore".into()),
-            coordination,
-            max_message_bytes,
-            cache_bytes: self.cache_bytes.unwrap_or(storage::DEFAULT_CACHE_BYTES),
-            raft,
-            leader_wait_ms: self.leader_wait_ms.unwrap_or(30_000),
-            peer_overrides,
-            join: self.join.unwrap_or(false),
-            tf_addresses,
-            max_parked_calls: self
-                .max_parked_calls
-                .unwrap_or(crate::core::park::DEFAULT_MAX_PARKED_CALLS),
-            peer_token,
-            tfdata,
-            metrics_listen: self.metrics_listen,
-            log_format: self.log_format.as_deref().unwrap_or("text").parse()?,
-            slow_request_ms: self.slow_request_ms.unwrap_or(1000),
-            peer_listen: self.peer_listen,
+        }
+    }
+}
+
+/// The security flags, checked and their files loaded.
+struct Security {
+    peer_token: Option<String>,
+    client_tls: Option<tonic::transport::ServerTlsConfig>,
+    peer_tls: Option<PeerTls>,
+    admins: crate::core::Admins,
+}
+
+impl SecurityOptions {
+    fn resolve(&self) -> Result<Security, String> {
+        let (client_tls, peer_tls) = self.tls()?;
+        if !self.admin_client_name.is_empty() && self.tls_client_ca.is_none() {
+            return Err(
+                "--admin-client-name needs --tls-client-ca: without client certificates no call has a name"
+                    .into(),
+            );
+        }
+        Ok(Security {
+            peer_token: self.peer_token()?,
             client_tls,
             peer_tls,
             admins: crate::core::Admins {
                 identities: self.tls_client_ca.is_some(),
                 names: self.admin_client_name.clone(),
             },
-            worker_threads: self.worker_threads.unwrap_or(0),
-            namespace_ports: self
-                .namespace_ports
-                .as_deref()
-                .map(parse_port_range)
-                .transpose()?,
-            max_namespaces: self
-                .max_namespaces
-                .unwrap_or(crate::core::namespaces::DEFAULT_MAX_NAMESPACES),
-            metrics_namespaces: self.metrics_namespaces.unwrap_or(20),
         })
+    }
+
+    /// `--peer-token-file`'s token: non-empty printable ASCII.
+    fn peer_token(&self) -> Result<Option<String>, String> {
+        let Some(path) = &self.peer_token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--peer-token-file {}: {e}", path.display()))?;
+        let token = text.trim().to_string();
+        if token.is_empty() || token.parse::<tonic::metadata::MetadataValue<_>>().is_err() {
+            return Err(format!(
+                "--peer-token-file {}: the token must be non-empty printable ASCII",
+                path.display()
+            ));
+        }
+        Ok(Some(token))
     }
 
     /// The TLS flags, checked and their files loaded.
@@ -662,10 +745,30 @@ impl ServeOptions {
     }
 }
 
+/// The keys a config file may hold: the flags' names.
+fn known_keys() -> std::collections::BTreeSet<String> {
+    use clap::Args;
+    ServeOptions::augment_args(clap::Command::new("serve"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .filter(|id| id != "config")
+        .collect()
+}
+
 fn load_file(path: &Path) -> Result<ServeOptions, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("config file {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let known = known_keys();
+    if let Some(key) = table.keys().find(|k| !known.contains(*k)) {
+        return Err(format!(
+            "config file {}: unknown key `{key}` (the keys are the flags' names, with underscores)",
+            path.display()
+        ));
+    }
+    ServeOptions::deserialize(toml::Value::Table(table))
+        .map_err(|e| format!("config file {}: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -697,7 +800,7 @@ mod tests {
         .unwrap();
         let mut o = opts();
         o.config = Some(file);
-        o.heartbeat_timeout_ms = Some(7000);
+        o.job.heartbeat_timeout_ms = Some(7000);
         let c = o.resolve().unwrap();
         assert_eq!(c.node_id, 2);
         assert_eq!(c.coordination.jobs[0].count, 8);
@@ -737,7 +840,7 @@ mod tests {
         assert_eq!(opts().resolve().unwrap().raft.raft_threads, 0);
         // None in flight would never propose: at least one.
         let mut o = opts();
-        o.max_inflight_batches = Some(0);
+        o.raft.max_inflight_batches = Some(0);
         assert_eq!(o.resolve().unwrap().raft.max_inflight_batches, 1);
     }
 
@@ -760,7 +863,7 @@ mod tests {
     #[test]
     fn jobs_are_named() {
         let mut o = opts();
-        o.job = vec!["worker=2".into(), "ps=1".into()];
+        o.job.job = vec!["worker=2".into(), "ps=1".into()];
         let c = o.resolve().unwrap();
         let names: Vec<_> = c
             .coordination
@@ -776,8 +879,8 @@ mod tests {
     #[test]
     fn tf_cluster_spec_from_a_cluster_spec_or_a_tf_config() {
         let mut o = opts();
-        o.job = vec!["worker=2".into()];
-        o.tf_cluster_spec =
+        o.job.job = vec!["worker=2".into()];
+        o.job.tf_cluster_spec =
             Some(r#"{"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:9"]}"#.into());
         let c = o.resolve().unwrap();
         assert_eq!(c.tf_addresses["worker"], ["127.0.0.1:1", "127.0.0.1:2"]);
@@ -790,24 +893,24 @@ mod tests {
         )
         .unwrap();
         let mut o = opts();
-        o.job = vec!["worker=2".into()];
-        o.tf_cluster_spec = Some(format!("@{}", file.display()));
+        o.job.job = vec!["worker=2".into()];
+        o.job.tf_cluster_spec = Some(format!("@{}", file.display()));
         assert_eq!(o.resolve().unwrap().tf_addresses["worker"], ["a:1", "b:2"]);
 
         // Too few addresses, not JSON, no --job: clear errors.
         let mut o = opts();
-        o.job = vec!["worker=3".into()];
-        o.tf_cluster_spec = Some(r#"{"worker": ["a:1"]}"#.into());
+        o.job.job = vec!["worker=3".into()];
+        o.job.tf_cluster_spec = Some(r#"{"worker": ["a:1"]}"#.into());
         assert!(o
             .resolve()
             .unwrap_err()
             .contains("1 address(es) for job worker"));
         let mut o = opts();
-        o.job = vec!["worker=1".into()];
-        o.tf_cluster_spec = Some("worker=a:1".into());
+        o.job.job = vec!["worker=1".into()];
+        o.job.tf_cluster_spec = Some("worker=a:1".into());
         assert!(o.resolve().unwrap_err().contains("not JSON"));
         let mut o = opts();
-        o.tf_cluster_spec = Some(r#"{"worker": ["a:1"]}"#.into());
+        o.job.tf_cluster_spec = Some(r#"{"worker": ["a:1"]}"#.into());
         assert!(o.resolve().unwrap_err().contains("--job"));
     }
 }

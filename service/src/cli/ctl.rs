@@ -91,38 +91,16 @@ pub enum NsCommand {
     },
 }
 
-/// A namespace's settings; each defaults as the `coordstore serve` flag of
-/// the same name.
+/// A namespace's settings: its job's (the same flags as `coordstore
+/// serve`'s, defaulting as they do) and what only a namespace has.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NsSettings {
-    /// N tasks in job `jax_worker` (what jaxlib registers)
-    #[arg(long, conflicts_with = "job")]
-    pub tasks: Option<u32>,
-    /// A TensorFlow-style job NAME=COUNT (repeatable)
-    #[arg(long)]
-    pub job: Vec<String>,
+    #[command(flatten)]
+    pub job: crate::cli::job::JobSettings,
     /// The port [default: the lowest free one of the cluster's range; none
     /// without a range: the namespace is then reached by name on the main port]
     #[arg(long)]
     pub port: Option<u32>,
-    #[arg(long)]
-    pub heartbeat_timeout_ms: Option<u64>,
-    #[arg(long)]
-    pub register_timeout_ms: Option<u64>,
-    #[arg(long)]
-    pub shutdown_timeout_ms: Option<u64>,
-    #[arg(long)]
-    pub register_with_barrier: Option<bool>,
-    #[arg(long)]
-    pub recoverable: bool,
-    #[arg(long)]
-    pub notify_tasks: Option<bool>,
-    /// The TensorFlow tasks' addresses (ClusterSpec or TF_CONFIG JSON, or @FILE)
-    #[arg(long)]
-    pub tf_cluster_spec: Option<String>,
-    /// Most KV keys [default: none]
-    #[arg(long)]
-    pub max_keys: Option<u64>,
     /// Most bytes of KV keys and values [default: none]
     #[arg(long)]
     pub max_bytes: Option<u64>,
@@ -142,34 +120,30 @@ pub struct NsSettings {
 impl NsSettings {
     /// The settings as the Node API takes them.
     pub fn to_wire(&self) -> anyhow::Result<proto::coordstore::NamespaceSettings> {
-        let mut jobs = Vec::new();
-        for spec in &self.job {
-            let (name, count) = spec
-                .split_once('=')
-                .ok_or_else(|| anyhow::anyhow!("--job: expected NAME=COUNT, got '{spec}'"))?;
-            let count: u32 = count
-                .trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--job {name}: bad count '{count}'"))?;
-            jobs.push(proto::coordstore::JobCount {
-                name: name.trim().into(),
-                count,
-            });
-        }
-        if jobs.is_empty() && self.tasks.is_none() {
+        let job = &self.job;
+        let jobs = job
+            .jobs()
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .map(|j| proto::coordstore::JobCount {
+                name: j.name,
+                count: j.count,
+            })
+            .collect::<Vec<_>>();
+        if jobs.is_empty() && job.tasks.is_none() {
             anyhow::bail!("give the job's shape: --tasks N or --job NAME=N");
         }
         Ok(proto::coordstore::NamespaceSettings {
             jobs,
-            tasks: self.tasks.unwrap_or(0),
-            heartbeat_timeout_ms: self.heartbeat_timeout_ms,
-            register_timeout_ms: self.register_timeout_ms,
-            shutdown_timeout_ms: self.shutdown_timeout_ms,
-            register_with_barrier: self.register_with_barrier,
-            recoverable: self.recoverable,
-            notify_tasks: self.notify_tasks,
-            tf_cluster_spec: self.tf_cluster_spec.clone().unwrap_or_default(),
-            max_keys: self.max_keys,
+            tasks: job.tasks.unwrap_or(0),
+            heartbeat_timeout_ms: job.heartbeat_timeout_ms,
+            register_timeout_ms: job.register_timeout_ms,
+            shutdown_timeout_ms: job.shutdown_timeout_ms,
+            register_with_barrier: job.register_with_barrier,
+            recoverable: job.recoverable.unwrap_or(false),
+            notify_tasks: job.notify_tasks,
+            tf_cluster_spec: job.tf_cluster_spec.clone().unwrap_or_default(),
+            max_keys: job.max_keys,
             max_bytes: self.max_bytes,
             max_parked_calls: self.max_parked_calls,
             allow_client_names: self.allow_client_name.clone(),

@@ -23,9 +23,9 @@ use proto::tfdata::{self as wire, task_def};
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::cli::config::TfDataConfig;
 use crate::core::{Call, Core, Retry};
 use crate::duties::dispatcher::DispatcherDuty;
+use crate::duties::dispatcher::TfDataConfig;
 
 /// What a call on the leader gives: the answer (or the error the client
 /// gets), or [`Retry`] when this node could not serve it as the leader.
