@@ -23,10 +23,7 @@ use crate::duties::{
 use crate::ops::http;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
 use crate::ports;
-use crate::wire::{
-    agent::AgentApi, closures::ClosureApi, node::NodeApi, tf::TfService, tfdata::TfDataService,
-    xla::XlaService,
-};
+use crate::wire::node::NodeApi;
 
 /// A running node.
 pub struct RunningNode {
@@ -173,25 +170,14 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     };
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    let mut builder = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)));
-    if let Some(tls) = &cfg.client_tls {
-        builder = builder.tls_config(tls.clone()).map_err(ServeError::Tls)?;
-    }
+    let builder = ports::server(cfg.client_tls.as_ref()).map_err(ServeError::Tls)?;
     // Peer links on their own port, with their own TLS, when asked for.
     let peer_server = match peer_listener {
         None => None,
         Some(l) => {
-            let mut builder = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .http2_keepalive_interval(Some(Duration::from_secs(30)));
-            if let Some(tls) = &cfg.peer_tls {
-                builder = builder
-                    .tls_config(tls.server.clone())
-                    .map_err(ServeError::Tls)?;
-            }
-            let peers = builder
+            let peer_tls = cfg.peer_tls.as_ref().map(|t| &t.server);
+            let peers = ports::server(peer_tls)
+                .map_err(ServeError::Tls)?
                 .layer(GrpcMetricsLayer(metrics.clone()))
                 .layer(Tag(PeerPort))
                 .add_service(node.peer_service())
@@ -200,7 +186,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
                     namespaces.clone(),
                     max,
                 ));
-            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            let incoming = ports::incoming(l);
             Some(tokio::spawn(async move {
                 if let Err(e) = peers.serve_with_incoming(incoming).await {
                     tracing::error!("peer port: {e}");
@@ -208,23 +194,21 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             }))
         }
     };
+    // The main port: the client services, the Node API, health, and the
+    // peer service unless peers have a port of their own.
+    let mut routes = ports.client_routes();
+    routes.add_service(health).add_service(NodeApi::server(
+        coordination.clone(),
+        namespaces.clone(),
+        max,
+    ));
+    if peer_server.is_none() {
+        routes.add_service(node.peer_service());
+    }
     let grpc = builder
         .layer(GrpcMetricsLayer(metrics.clone()))
-        .add_service(health)
-        .add_optional_service(peer_server.is_none().then(|| node.peer_service()))
-        .add_service(NodeApi::server(
-            coordination.clone(),
-            namespaces.clone(),
-            max,
-        ))
-        .add_service(XlaService::server(coordination.clone(), max))
-        .add_service(TfService::server(coordination.clone(), max))
-        .add_service(TfDataService::server(dispatcher, max))
-        .add_service(ClosureApi::server(closures, max))
-        .add_service(AgentApi::server(coordination, max));
-    // Nagle off on accepted connections (tonic's own setting only covers the
-    // listeners it binds itself): small replies must not wait for ACKs.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        .add_routes(routes.routes());
+    let incoming = ports::incoming(listener);
     let server = tokio::spawn(grpc.serve_with_incoming_shutdown(incoming, async {
         let _ = stop_rx.await;
     }));

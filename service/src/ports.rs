@@ -45,6 +45,44 @@ pub struct Services {
     pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
+impl Services {
+    /// The services every client port serves (the main port and each
+    /// namespace's): the coordination dialects (xla, tf, agent), the
+    /// tf.data dispatcher and the closure queue; the main port adds its own.
+    pub fn client_routes(&self) -> tonic::service::RoutesBuilder {
+        let max = self.max_message_bytes;
+        let mut routes = tonic::service::RoutesBuilder::default();
+        routes
+            .add_service(XlaService::server(self.coordination.clone(), max))
+            .add_service(TfService::server(self.coordination.clone(), max))
+            .add_service(TfDataService::server(self.dispatcher.clone(), max))
+            .add_service(ClosureApi::server(self.closures.clone(), max))
+            .add_service(AgentApi::server(self.coordination.clone(), max));
+        routes
+    }
+}
+
+/// A gRPC server as every port of a node has it: Nagle off, HTTP/2
+/// keepalives, and `tls` if given.
+pub fn server(
+    tls: Option<&tonic::transport::ServerTlsConfig>,
+) -> Result<tonic::transport::Server, tonic::transport::Error> {
+    let builder = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)));
+    match tls {
+        Some(tls) => builder.tls_config(tls.clone()),
+        None => Ok(builder),
+    }
+}
+
+/// The connections `listener` accepts, Nagle off (tonic's own setting only
+/// covers the listeners it binds itself): small replies must not wait for
+/// ACKs.
+pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// One open port.
 struct Open {
     port: u32,
@@ -131,23 +169,12 @@ async fn serve(services: &Services, host: &str, name: &str, port: u32) -> Result
     let listener = tokio::net::TcpListener::bind((host, port16))
         .await
         .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
-    let s = services.clone();
-    let max = s.max_message_bytes;
-    let mut builder = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)));
-    if let Some(tls) = &s.tls {
-        builder = builder.tls_config(tls.clone()).map_err(|e| e.to_string())?;
-    }
-    let router = builder
-        .layer(GrpcMetricsLayer(s.metrics.clone()))
+    let router = server(services.tls.as_ref())
+        .map_err(|e| e.to_string())?
+        .layer(GrpcMetricsLayer(services.metrics.clone()))
         .layer(Tag(PortNamespace(name.to_string())))
-        .add_service(XlaService::server(s.coordination.clone(), max))
-        .add_service(TfService::server(s.coordination.clone(), max))
-        .add_service(TfDataService::server(s.dispatcher.clone(), max))
-        .add_service(ClosureApi::server(s.closures.clone(), max))
-        .add_service(AgentApi::server(s.coordination.clone(), max));
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        .add_routes(services.client_routes().routes());
+    let incoming = incoming(listener);
     let (stop, stopped) = oneshot::channel::<()>();
     let label = name.to_string();
     let server = tokio::spawn(async move {

@@ -110,13 +110,7 @@ impl Backup {
 
     /// The file's bytes.
     fn encode(&self) -> std::io::Result<Vec<u8>> {
-        let header = serde_json::to_vec(&self.header)?;
-        let mut out = Vec::with_capacity(MAGIC.len() + header.len() + 1 + self.data.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&header);
-        out.push(b'\n');
-        out.extend_from_slice(&self.data);
-        Ok(out)
+        frame(&self.header, &self.data).map_err(std::io::Error::other)
     }
 
     /// Reads and checks a backup file: its form, size, checksum, journal
@@ -126,34 +120,8 @@ impl Backup {
         Self::parse(raw).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    fn parse(mut raw: Vec<u8>) -> Result<Backup, String> {
-        if !raw.starts_with(MAGIC) {
-            return Err("not a coordstore backup (no COORDSTORE-BACKUP 1 line)".into());
-        }
-        let rest = &raw[MAGIC.len()..];
-        let eol = rest
-            .iter()
-            .position(|b| *b == b'\n')
-            .ok_or("the header line is cut off (truncated file)")?;
-        let header: Header = serde_json::from_slice(&rest[..eol])
-            .map_err(|e| format!("the header is corrupted: {e}"))?;
-        let start = MAGIC.len() + eol + 1;
-        let have = (raw.len() - start) as u64;
-        if have != header.size {
-            return Err(format!(
-                "the file holds {have} bytes of state, its header says {} (truncated or corrupted)",
-                header.size
-            ));
-        }
-        let data = raw.split_off(start);
-        let sum = sha256_hex(&data);
-        if sum != header.sha256 {
-            return Err(format!(
-                "checksum mismatch: the state's SHA-256 is {sum}, the header says {} (corrupted)",
-                header.sha256
-            ));
-        }
-        check_format(header.format)?;
+    fn parse(raw: Vec<u8>) -> Result<Backup, String> {
+        let (header, data) = unframe::<Header>(raw)?;
         let state =
             State::decode_snapshot(&data).map_err(|e| format!("the state does not decode: {e}"))?;
         let digest = state.digest_hex();
@@ -223,50 +191,108 @@ impl Export {
 
     /// The file's bytes.
     pub fn encode(&self) -> Result<Vec<u8>, String> {
-        let header = serde_json::to_vec(&self.header).map_err(|e| e.to_string())?;
-        let mut out = Vec::with_capacity(EXPORT_MAGIC.len() + header.len() + 1 + self.data.len());
-        out.extend_from_slice(EXPORT_MAGIC);
-        out.extend_from_slice(&header);
-        out.push(b'\n');
-        out.extend_from_slice(&self.data);
-        Ok(out)
+        frame(&self.header, &self.data)
     }
 
     /// Reads and checks an export file's bytes; the namespace's state.
-    pub fn parse(mut raw: Vec<u8>) -> Result<(Export, journal::pb::NamespaceData), String> {
-        if !raw.starts_with(EXPORT_MAGIC) {
-            return Err(
-                "not a coordstore namespace export (no COORDSTORE-NAMESPACE 1 line)".into(),
-            );
-        }
-        let rest = &raw[EXPORT_MAGIC.len()..];
-        let eol = rest
-            .iter()
-            .position(|b| *b == b'\n')
-            .ok_or("the header line is cut off (truncated file)")?;
-        let header: ExportHeader = serde_json::from_slice(&rest[..eol])
-            .map_err(|e| format!("the header is corrupted: {e}"))?;
-        let start = EXPORT_MAGIC.len() + eol + 1;
-        let have = (raw.len() - start) as u64;
-        if have != header.size {
-            return Err(format!(
-                "the file holds {have} bytes of namespace, its header says {} (truncated or corrupted)",
-                header.size
-            ));
-        }
-        let data = raw.split_off(start);
-        let sum = sha256_hex(&data);
-        if sum != header.sha256 {
-            return Err(format!(
-                "checksum mismatch: the namespace's SHA-256 is {sum}, the header says {} (corrupted)",
-                header.sha256
-            ));
-        }
-        check_format(header.format)?;
+    pub fn parse(raw: Vec<u8>) -> Result<(Export, journal::pb::NamespaceData), String> {
+        let (header, data) = unframe::<ExportHeader>(raw)?;
         let ns = journal::decode_known::<journal::pb::NamespaceData>(&data)
             .map_err(|e| format!("the namespace cannot be read: {e}"))?;
         Ok((Export { header, data }, ns))
     }
+}
+
+/// The header of a framed file (a backup's, an export's): what the checks
+/// every framed file gets read of it.
+trait FrameHeader: Serialize + serde::de::DeserializeOwned {
+    /// The file's first line.
+    const MAGIC: &'static [u8];
+    /// What the file is, for errors: "coordstore backup".
+    const KIND: &'static str;
+    /// What its data is, for errors: "state".
+    const DATA: &'static str;
+    fn size(&self) -> u64;
+    fn sha256(&self) -> &str;
+    fn format(&self) -> u32;
+}
+
+impl FrameHeader for Header {
+    const MAGIC: &'static [u8] = MAGIC;
+    const KIND: &'static str = "coordstore backup";
+    const DATA: &'static str = "state";
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn sha256(&self) -> &str {
+        &self.sha256
+    }
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
+impl FrameHeader for ExportHeader {
+    const MAGIC: &'static [u8] = EXPORT_MAGIC;
+    const KIND: &'static str = "coordstore namespace export";
+    const DATA: &'static str = "namespace";
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn sha256(&self) -> &str {
+        &self.sha256
+    }
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
+/// A framed file's bytes: the magic line, the header as one line of JSON,
+/// the data.
+fn frame<H: FrameHeader>(header: &H, data: &[u8]) -> Result<Vec<u8>, String> {
+    let head = serde_json::to_vec(header).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(H::MAGIC.len() + head.len() + 1 + data.len());
+    out.extend_from_slice(H::MAGIC);
+    out.extend_from_slice(&head);
+    out.push(b'\n');
+    out.extend_from_slice(data);
+    Ok(out)
+}
+
+/// Reads a framed file's bytes, checking its form, its size, its checksum
+/// and its journal format; its header and data.
+fn unframe<H: FrameHeader>(mut raw: Vec<u8>) -> Result<(H, Vec<u8>), String> {
+    if !raw.starts_with(H::MAGIC) {
+        let line = String::from_utf8_lossy(&H::MAGIC[..H::MAGIC.len() - 1]).into_owned();
+        return Err(format!("not a {} (no {line} line)", H::KIND));
+    }
+    let rest = &raw[H::MAGIC.len()..];
+    let eol = rest
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or("the header line is cut off (truncated file)")?;
+    let header: H = serde_json::from_slice(&rest[..eol])
+        .map_err(|e| format!("the header is corrupted: {e}"))?;
+    let start = H::MAGIC.len() + eol + 1;
+    let have = (raw.len() - start) as u64;
+    if have != header.size() {
+        return Err(format!(
+            "the file holds {have} bytes of {}, its header says {} (truncated or corrupted)",
+            H::DATA,
+            header.size()
+        ));
+    }
+    let data = raw.split_off(start);
+    let sum = sha256_hex(&data);
+    if sum != header.sha256() {
+        return Err(format!(
+            "checksum mismatch: the {}'s SHA-256 is {sum}, the header says {} (corrupted)",
+            H::DATA,
+            header.sha256()
+        ));
+    }
+    check_format(header.format())?;
+    Ok((header, data))
 }
 
 /// A file of journal format `format` is one this build reads (a format is
