@@ -732,6 +732,62 @@ async fn poll_errors(i: Arc<Inner>) {
     }
 }
 
+/// What a watch has seen: the keys known under it (for deletions after a
+/// re-read) and the newest revision delivered.
+#[derive(Default)]
+struct Watched {
+    known: BTreeMap<String, Bytes>,
+    last: u64,
+}
+
+impl Watched {
+    /// Applies one watch message's events newer than what was delivered;
+    /// the changes to deliver.
+    fn events(&mut self, msg: proto::coordstore::WatchResponse) -> BTreeMap<String, Option<Bytes>> {
+        let mut changes = BTreeMap::new();
+        if self.last != 0 && msg.revision <= self.last {
+            return changes;
+        }
+        for e in msg.events {
+            if e.revision <= self.last {
+                continue;
+            }
+            if e.deleted {
+                self.known.remove(&e.key);
+                changes.insert(e.key, None);
+            } else {
+                self.known.insert(e.key.clone(), e.value.clone());
+                changes.insert(e.key, Some(e.value));
+            }
+        }
+        self.last = msg.revision;
+        changes
+    }
+
+    /// The history is gone: `now` (the keys read again at `revision`)
+    /// replaces what was known; the changes to deliver.
+    fn reread(
+        &mut self,
+        now: BTreeMap<String, Bytes>,
+        revision: u64,
+    ) -> BTreeMap<String, Option<Bytes>> {
+        let mut changes = BTreeMap::new();
+        for (k, v) in &now {
+            if self.known.get(k) != Some(v) {
+                changes.insert(k.clone(), Some(v.clone()));
+            }
+        }
+        for k in self.known.keys() {
+            if !now.contains_key(k) {
+                changes.insert(k.clone(), None);
+            }
+        }
+        self.known = now;
+        self.last = revision;
+        changes
+    }
+}
+
 async fn watch_loop(
     agent: Agent,
     key: String,
@@ -747,18 +803,15 @@ async fn watch_loop(
     // Told once the first stream's opening message (the baseline revision)
     // has arrived: from then on the service has every change for us.
     let mut ready = Some(ready);
-    // Keys currently known under the watch, for deletions after a re-read.
-    let mut known: BTreeMap<String, Bytes> = BTreeMap::new();
-    let mut last: u64 = 0;
+    let mut watched = Watched::default();
     loop {
         let (idx, ch) = i.nodes.current();
         let req = i.nodes.request(WatchRequest {
             key: key.clone(),
             is_directory: true,
-            start_revision: last,
+            start_revision: watched.last,
         });
-        let stream = i_agent(ch).watch(req).await;
-        let mut stream = match stream {
+        let mut stream = match i_agent(ch).watch(req).await {
             Ok(s) => s.into_inner(),
             Err(s) if crate::endpoints::is_transport_failure(&s) => {
                 i.nodes.failed(idx);
@@ -774,64 +827,33 @@ async fn watch_loop(
             }
         };
         loop {
-            match stream.message().await {
-                Ok(Some(msg)) if msg.compacted => {
-                    if let Some(r) = ready.take() {
-                        let _ = r.send(Ok(()));
-                    }
-                    // History gone: deliver the current state instead.
-                    let now: BTreeMap<String, Bytes> = match agent.get_key_value_dir(&key).await {
-                        Ok(v) => v.into_iter().collect(),
-                        Err(_) => break,
-                    };
-                    let mut changes: BTreeMap<String, Option<Bytes>> = BTreeMap::new();
-                    for (k, v) in &now {
-                        if known.get(k) != Some(v) {
-                            changes.insert(k.clone(), Some(v.clone()));
-                        }
-                    }
-                    for k in known.keys() {
-                        if !now.contains_key(k) {
-                            changes.insert(k.clone(), None);
-                        }
-                    }
-                    known = now;
-                    last = msg.revision;
-                    if !changes.is_empty() {
-                        on_change(&changes);
-                    }
-                    break;
-                }
-                Ok(Some(msg)) => {
-                    if let Some(r) = ready.take() {
-                        let _ = r.send(Ok(()));
-                    }
-                    if last == 0 || msg.revision > last {
-                        let mut changes: BTreeMap<String, Option<Bytes>> = BTreeMap::new();
-                        for e in msg.events {
-                            if e.revision <= last {
-                                continue;
-                            }
-                            if e.deleted {
-                                known.remove(&e.key);
-                                changes.insert(e.key, None);
-                            } else {
-                                known.insert(e.key.clone(), e.value.clone());
-                                changes.insert(e.key, Some(e.value));
-                            }
-                        }
-                        last = msg.revision;
-                        if !changes.is_empty() {
-                            on_change(&changes);
-                        }
-                    }
-                }
+            let msg = match stream.message().await {
+                Ok(Some(msg)) => msg,
                 Ok(None) | Err(_) => {
                     i.nodes.failed(idx);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     break;
                 }
+            };
+            if let Some(r) = ready.take() {
+                let _ = r.send(Ok(()));
             }
+            if !msg.compacted {
+                let changes = watched.events(msg);
+                if !changes.is_empty() {
+                    on_change(&changes);
+                }
+                continue;
+            }
+            // History gone: deliver the current state instead.
+            let Ok(now) = agent.get_key_value_dir(&key).await else {
+                break;
+            };
+            let changes = watched.reread(now.into_iter().collect(), msg.revision);
+            if !changes.is_empty() {
+                on_change(&changes);
+            }
+            break;
         }
     }
 }

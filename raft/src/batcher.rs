@@ -120,6 +120,8 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, settings: RaftSettings
             })
             .unzip();
         crate::metrics::BATCH_UPDATES.observe(updates.len() as f64);
+        debug_assert!(!updates.is_empty() && updates.len() == replies.len());
+        debug_assert!(updates.len() <= settings.max_batch_updates.max(1));
         let proposal = Proposal::new(UpdateBatch { updates });
         // Answered where the entry is applied (see `CallbackResponder`);
         // the slot is free again once it is.
@@ -158,11 +160,14 @@ fn deliver(result: Option<WriteResult>, replies: Vec<oneshot::Sender<Answer>>, s
             }
             return;
         }
-        Some(Ok(resp)) => ProposeError::Fatal(format!(
-            "{} outcomes for {} updates",
-            resp.data.0.len(),
-            replies.len()
-        )),
+        Some(Ok(resp)) => {
+            debug_assert!(false, "the state machine answers every update of a batch");
+            ProposeError::Fatal(format!(
+                "{} outcomes for {} updates",
+                resp.data.0.len(),
+                replies.len()
+            ))
+        }
         Some(Err(e)) => ProposeError::from_write(e),
         None => ProposeError::Fatal("raft stopped".into()),
     };

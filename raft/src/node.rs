@@ -180,6 +180,46 @@ async fn hold_elections(raft: Raft, min_ms: u64, max_ms: u64) {
     raft.runtime_config().elect(true);
 }
 
+/// Opens `cfg`'s data dir (rebuilding the state from snapshot + log), off
+/// the async workers.
+async fn open_storage(
+    cfg: &NodeConfig,
+) -> Result<(storage::LogStore, storage::StateMachine), StartError> {
+    let identity = Identity {
+        cluster_id: cfg.cluster_id.clone(),
+        node_id: cfg.node_id,
+    };
+    let data_dir = cfg.data_dir.clone();
+    let cache = cfg.cache_bytes;
+    let opened = tokio::task::spawn_blocking(move || storage::open(&data_dir, cache, &identity))
+        .await
+        .map_err(|e| StartError::Raft(format!("storage open task failed: {e}")))?;
+    Ok(opened?)
+}
+
+/// The tasks beside openraft: elections held back at start, the voters
+/// tracked for the leader's quorum age, snapshots by log size.
+fn spawn_helpers(
+    raft: &Raft,
+    settings: &RaftSettings,
+    contact: &Arc<Contact>,
+    state: &StateHandle,
+) {
+    tokio::spawn(hold_elections(
+        raft.clone(),
+        settings.election_timeout_min_ms,
+        settings.election_timeout_max_ms,
+    ));
+    tokio::spawn(track_voters(raft.clone(), contact.clone()));
+    if settings.snapshot_log_bytes > 0 {
+        tokio::spawn(snapshot_by_bytes(
+            raft.clone(),
+            state.clone(),
+            settings.snapshot_log_bytes,
+        ));
+    }
+}
+
 /// A running node.
 pub struct RaftNode {
     id: NodeId,
@@ -244,16 +284,7 @@ impl RaftNode {
     /// Opens the data dir (rebuilding the state from snapshot + log) and starts
     /// openraft. Serve [`RaftNode::peer_service`] on `address` afterwards.
     pub async fn start(cfg: NodeConfig) -> Result<Arc<RaftNode>, StartError> {
-        let identity = Identity {
-            cluster_id: cfg.cluster_id.clone(),
-            node_id: cfg.node_id,
-        };
-        let data_dir = cfg.data_dir.clone();
-        let cache = cfg.cache_bytes;
-        let (log, sm) =
-            tokio::task::spawn_blocking(move || storage::open(&data_dir, cache, &identity))
-                .await
-                .map_err(|e| StartError::Raft(format!("storage open task failed: {e}")))??;
+        let (log, sm) = open_storage(&cfg).await?;
         let state = sm.handle();
         // Reads are never served below what this node had logged before it
         // (re)started (see `reads`).
@@ -286,19 +317,7 @@ impl RaftNode {
             .await
             .map_err(|e| StartError::Raft(format!("openraft's start task failed: {e}")))?
             .map_err(|e| StartError::Raft(format!("openraft failed to start: {e}")))?;
-        tokio::spawn(hold_elections(
-            raft.clone(),
-            cfg.settings.election_timeout_min_ms,
-            cfg.settings.election_timeout_max_ms,
-        ));
-        tokio::spawn(track_voters(raft.clone(), contact.clone()));
-        if cfg.settings.snapshot_log_bytes > 0 {
-            tokio::spawn(snapshot_by_bytes(
-                raft.clone(),
-                state.clone(),
-                cfg.settings.snapshot_log_bytes,
-            ));
-        }
+        spawn_helpers(&raft, &cfg.settings, &contact, &state);
         let (writes, reads) = {
             let _on = handle.enter();
             (

@@ -130,33 +130,8 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
-    let format = serve_cfg.as_ref().map_or(LogFormat::Text, |c| c.log_format);
-    {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("COORDSTORE_LOG")
-                    .unwrap_or_else(|_| "info,openraft=warn".into()),
-            )
-            .event_format(NodeLines(format))
-            .finish()
-            .with(QuietNotices)
-            .init();
-    }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
-    // --worker-threads, else tokio's default: one per CPU, or
-    // TOKIO_WORKER_THREADS.
-    if let Some(n) = serve_cfg
-        .as_ref()
-        .map(|c| c.worker_threads)
-        .filter(|&n| n > 0)
-    {
-        builder.worker_threads(n);
-    }
-    let rt = match builder.build() {
+    init_logs(serve_cfg.as_ref().map_or(LogFormat::Text, |c| c.log_format));
+    let rt = match runtime(serve_cfg.as_ref()) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("coordstore: cannot start the runtime: {e}");
@@ -170,24 +145,7 @@ fn main() -> ExitCode {
             endpoints,
             namespace,
             tls,
-        } => {
-            let mut cfg = agent::relay::RelayConfig::new(endpoints);
-            cfg.namespace = namespace;
-            cfg.tls = match tls.load() {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("coordstore relay: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match rt.block_on(agent::relay::serve(listen, cfg, wait_for_signal())) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("coordstore relay: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        } => relay(&rt, listen, endpoints, namespace, &tls),
         Cmd::Restore {
             file,
             data_dir,
@@ -206,21 +164,84 @@ fn main() -> ExitCode {
             namespace,
             tls,
             command,
-        } => {
-            let tls = match tls.load() {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("coordstore ctl: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match rt.block_on(service::cli::ctl::run(&endpoint, tls, namespace, command)) {
-                Ok(out) => print_out("ctl", &out),
-                Err(e) => {
-                    eprintln!("coordstore ctl: {}", service::cli::ctl::describe_error(&e));
-                    ExitCode::FAILURE
-                }
-            }
+        } => ctl(&rt, &endpoint, namespace, &tls, command),
+    }
+}
+
+/// Log lines on stderr in `format`, filtered by `COORDSTORE_LOG`, without
+/// openraft's stale-message notices.
+fn init_logs(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COORDSTORE_LOG")
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .event_format(NodeLines(format))
+        .finish()
+        .with(QuietNotices)
+        .init();
+}
+
+/// The async runtime: a node's `--worker-threads`, else tokio's default
+/// (one per CPU, or `TOKIO_WORKER_THREADS`).
+fn runtime(serve_cfg: Option<&ServeConfig>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = serve_cfg.map(|c| c.worker_threads).filter(|&n| n > 0) {
+        builder.worker_threads(n);
+    }
+    builder.build()
+}
+
+/// `coordstore relay`.
+fn relay(
+    rt: &tokio::runtime::Runtime,
+    listen: std::net::SocketAddr,
+    endpoints: Vec<String>,
+    namespace: Option<String>,
+    tls: &TlsDial,
+) -> ExitCode {
+    let mut cfg = agent::relay::RelayConfig::new(endpoints);
+    cfg.namespace = namespace;
+    cfg.tls = match tls.load() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("coordstore relay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(agent::relay::serve(listen, cfg, wait_for_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coordstore relay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `coordstore ctl`.
+fn ctl(
+    rt: &tokio::runtime::Runtime,
+    endpoint: &str,
+    namespace: Option<String>,
+    tls: &TlsDial,
+    command: CtlCommand,
+) -> ExitCode {
+    let tls = match tls.load() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("coordstore ctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(service::cli::ctl::run(endpoint, tls, namespace, command)) {
+        Ok(out) => print_out("ctl", &out),
+        Err(e) => {
+            eprintln!("coordstore ctl: {}", service::cli::ctl::describe_error(&e));
+            ExitCode::FAILURE
         }
     }
 }

@@ -13,7 +13,6 @@ use tokio::task::JoinHandle;
 
 use crate::areas::{closures::Closures, coordination::Coordination, dispatcher::Dispatcher};
 use crate::cli::config::ServeConfig;
-use crate::core::call::{PeerPort, Tag};
 use crate::core::namespaces::{NamespacePolicy, Namespaces};
 use crate::core::{Core, LocalLeader, Parking, Router};
 use crate::duties::{
@@ -23,6 +22,7 @@ use crate::duties::{
 use crate::ops::http;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
 use crate::ports;
+use crate::wire::context::{PeerPort, Tag};
 use crate::wire::node::NodeApi;
 
 /// A running node.
@@ -92,19 +92,35 @@ fn log_admins(admins: &crate::core::Admins) {
     }
 }
 
-/// Starts a node with `cfg`.
-pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
-    let listener = tokio::net::TcpListener::bind(&cfg.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+/// What a node listens on: the main port, the peer port and the metrics
+/// listener (both if asked for), bound before anything else starts.
+struct Listeners {
+    main: tokio::net::TcpListener,
+    addr: SocketAddr,
+    peers: Option<tokio::net::TcpListener>,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+/// Binds every listener of `cfg`.
+async fn listen(cfg: &ServeConfig) -> Result<Listeners, ServeError> {
+    let bind_err = |source| ServeError::Bind {
         addr: cfg.listen.clone(),
         source,
-    })?;
-    let peer_listener = bind_optional(&cfg.peer_listen).await?;
+    };
+    let main = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(bind_err)?;
+    let addr = main.local_addr().map_err(bind_err)?;
+    Ok(Listeners {
+        main,
+        addr,
+        peers: bind_optional(&cfg.peer_listen).await?,
+        metrics: bind_optional(&cfg.metrics_listen).await?,
+    })
+}
+
+/// The node's Raft part: its storage opened, openraft started.
+async fn raft_node(cfg: &ServeConfig) -> Result<Arc<RaftNode>, ServeError> {
     let node = RaftNode::start(NodeConfig {
         node_id: cfg.node_id,
         address: cfg.advertise.clone(),
@@ -118,7 +134,30 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     })
     .await?;
     crate::ops::logs::set_node(node.clone());
+    Ok(node)
+}
+
+/// The core over `node`: the router (with the leader part), the parked-call
+/// engine, the admins.
+fn core(cfg: &ServeConfig, node: &Arc<RaftNode>) -> Arc<Core> {
     let leader = LocalLeader::new(node.clone());
+    let parking = Parking::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls);
+    let wait = Duration::from_millis(cfg.leader_wait_ms);
+    let router = Router::new(leader, wait, cfg.max_message_bytes)
+        .with_slow_request(Duration::from_millis(cfg.slow_request_ms));
+    log_admins(&cfg.admins);
+    Arc::new(Core::new(router, parking, wait).with_admins(cfg.admins.clone()))
+}
+
+/// The areas over `core`, the leader runtime with every duty, and the
+/// namespaces (hosted on `addr`'s address).
+struct Parts {
+    services: ports::Services,
+    namespaces: Arc<Namespaces>,
+    duties: Arc<LeaderRuntime>,
+}
+
+fn parts(cfg: &ServeConfig, core: &Arc<Core>, metrics: &Arc<Metrics>, addr: SocketAddr) -> Parts {
     let coordination_duty = Arc::new(CoordinationDuty::new(cfg.tf_addresses.clone()));
     let dispatcher_duty = Arc::new(DispatcherDuty::new(cfg.tfdata.clone()));
     let duties = Arc::new(LeaderRuntime::new(vec![
@@ -129,29 +168,6 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         Arc::new(NamespaceDuty),
         Arc::new(LevelDuty::default()),
     ]));
-    let parking = Parking::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls);
-    let router = Router::new(
-        leader.clone(),
-        Duration::from_millis(cfg.leader_wait_ms),
-        cfg.max_message_bytes,
-    )
-    .with_slow_request(Duration::from_millis(cfg.slow_request_ms));
-    log_admins(&cfg.admins);
-    let core = Arc::new(
-        Core::new(router, parking, Duration::from_millis(cfg.leader_wait_ms))
-            .with_admins(cfg.admins.clone()),
-    );
-    let metrics = Arc::new(Metrics::new(&core).with_namespace_series(cfg.metrics_namespaces));
-    let metrics_listener = bind_optional(&cfg.metrics_listen).await?;
-
-    let coordination = Coordination::new(core.clone(), coordination_duty);
-    let dispatcher = Arc::new(Dispatcher::new(
-        core.clone(),
-        dispatcher_duty,
-        cfg.tfdata.clone(),
-    ));
-    let closures = Closures::new(core.clone());
-    let max = cfg.max_message_bytes;
     let namespaces = Arc::new(Namespaces::new(
         core.clone(),
         NamespacePolicy {
@@ -160,72 +176,126 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
             host: addr.ip().to_string(),
         },
     ));
-    let ports = ports::Services {
-        coordination: coordination.clone(),
-        dispatcher: dispatcher.clone(),
-        closures: closures.clone(),
-        max_message_bytes: max,
+    let services = ports::Services {
+        coordination: Coordination::new(core.clone(), coordination_duty),
+        dispatcher: Arc::new(Dispatcher::new(
+            core.clone(),
+            dispatcher_duty,
+            cfg.tfdata.clone(),
+        )),
+        closures: Closures::new(core.clone()),
+        max_message_bytes: cfg.max_message_bytes,
         metrics: metrics.clone(),
         tls: cfg.client_tls.clone(),
     };
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    let builder = ports::server(cfg.client_tls.as_ref()).map_err(ServeError::Tls)?;
-    // Peer links on their own port, with their own TLS, when asked for.
-    let peer_server = match peer_listener {
-        None => None,
-        Some(l) => {
-            let peer_tls = cfg.peer_tls.as_ref().map(|t| &t.server);
-            let peers = ports::server(peer_tls)
-                .map_err(ServeError::Tls)?
-                .layer(GrpcMetricsLayer(metrics.clone()))
-                .layer(Tag(PeerPort))
-                .add_service(node.peer_service())
-                .add_service(NodeApi::server(
-                    coordination.clone(),
-                    namespaces.clone(),
-                    max,
-                ));
-            let incoming = ports::incoming(l);
-            Some(tokio::spawn(async move {
-                if let Err(e) = peers.serve_with_incoming(incoming).await {
-                    tracing::error!("peer port: {e}");
-                }
-            }))
+    Parts {
+        services,
+        namespaces,
+        duties,
+    }
+}
+
+/// Serves the peer port on `listener`, with its own TLS: Raft's RPCs and
+/// the Node API (calls forwarded to the leader).
+fn serve_peers(
+    cfg: &ServeConfig,
+    node: &RaftNode,
+    parts: &Parts,
+    listener: tokio::net::TcpListener,
+) -> Result<JoinHandle<()>, ServeError> {
+    let s = &parts.services;
+    let peer_tls = cfg.peer_tls.as_ref().map(|t| &t.server);
+    let node_api = NodeApi::server(
+        s.coordination.clone(),
+        parts.namespaces.clone(),
+        s.max_message_bytes,
+    );
+    let peers = ports::server(peer_tls)
+        .map_err(ServeError::Tls)?
+        .layer(GrpcMetricsLayer(s.metrics.clone()))
+        .layer(Tag(PeerPort))
+        .add_service(node.peer_service())
+        .add_service(node_api);
+    let incoming = ports::incoming(listener);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = peers.serve_with_incoming(incoming).await {
+            tracing::error!("peer port: {e}");
         }
-    };
-    // The main port: the client services, the Node API, health, and the
-    // peer service unless peers have a port of their own.
-    let mut routes = ports.client_routes();
-    routes.add_service(health).add_service(NodeApi::server(
-        coordination.clone(),
-        namespaces.clone(),
-        max,
-    ));
-    if peer_server.is_none() {
+    }))
+}
+
+/// Serves the main port on `listener` until `stop`: the client services,
+/// the Node API, health, and the peer service unless peers have a port of
+/// their own.
+fn serve_main(
+    cfg: &ServeConfig,
+    node: &RaftNode,
+    parts: &Parts,
+    listener: tokio::net::TcpListener,
+    with_peers: bool,
+    stop: oneshot::Receiver<()>,
+) -> Result<(MainServer, tonic_health::server::HealthReporter), ServeError> {
+    let s = &parts.services;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let mut routes = s.client_routes();
+    let node_api = NodeApi::server(
+        s.coordination.clone(),
+        parts.namespaces.clone(),
+        s.max_message_bytes,
+    );
+    routes.add_service(health).add_service(node_api);
+    if with_peers {
         routes.add_service(node.peer_service());
     }
-    let grpc = builder
-        .layer(GrpcMetricsLayer(metrics.clone()))
+    let grpc = ports::server(cfg.client_tls.as_ref())
+        .map_err(ServeError::Tls)?
+        .layer(GrpcMetricsLayer(s.metrics.clone()))
         .add_routes(routes.routes());
     let incoming = ports::incoming(listener);
     let server = tokio::spawn(grpc.serve_with_incoming_shutdown(incoming, async {
-        let _ = stop_rx.await;
+        let _ = stop.await;
     }));
+    Ok((server, health_reporter))
+}
 
+/// The main port's server task.
+type MainServer = JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// Starts a node with `cfg`: binds, opens storage and starts Raft,
+/// assembles the core, the areas and their services, serves every port,
+/// bootstraps the static cluster, and runs the leader runtime.
+pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
+    let listeners = listen(&cfg).await?;
+    let node = raft_node(&cfg).await?;
+    let core = core(&cfg, &node);
+    let metrics = Arc::new(Metrics::new(&core).with_namespace_series(cfg.metrics_namespaces));
+    let parts = parts(&cfg, &core, &metrics, listeners.addr);
+    let peer_server = match listeners.peers {
+        Some(l) => Some(serve_peers(&cfg, &node, &parts, l)?),
+        None => None,
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (server, health) = serve_main(
+        &cfg,
+        &node,
+        &parts,
+        listeners.main,
+        peer_server.is_none(),
+        stopped,
+    )?;
     if !cfg.join {
         if let Err(e) = node.bootstrap(&cfg.cluster).await {
             tracing::warn!("bootstrap: {e}");
         }
     }
     let mut tasks = vec![
-        tokio::spawn(duties.run(leader)),
-        tokio::spawn(http::report_health(core.clone(), health_reporter)),
-        tokio::spawn(ports::run(core.clone(), namespaces, ports)),
+        tokio::spawn(parts.duties.run(core.router().leader().clone())),
+        tokio::spawn(http::report_health(core.clone(), health)),
+        tokio::spawn(ports::run(core.clone(), parts.namespaces, parts.services)),
     ];
     tasks.extend(peer_server);
-    if let Some(l) = metrics_listener {
-        let (core, metrics) = (core.clone(), metrics.clone());
+    if let Some(l) = listeners.metrics {
+        let core = core.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = http::serve_http(l, core, metrics, std::future::pending()).await {
                 tracing::error!("metrics and health endpoints: {e}");
@@ -234,8 +304,8 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     }
     Ok(RunningNode {
         core,
-        addr,
-        stop: Some(stop_tx),
+        addr: listeners.addr,
+        stop: Some(stop),
         server,
         tasks,
     })

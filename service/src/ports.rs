@@ -15,10 +15,10 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::areas::{closures::Closures, coordination::Coordination, dispatcher::Dispatcher};
-use crate::core::call::{PortNamespace, Tag};
 use crate::core::namespaces::Namespaces;
 use crate::core::Core;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
+use crate::wire::context::{PortNamespace, Tag};
 use crate::wire::{
     agent::AgentApi, closures::ClosureApi, tf::TfService, tfdata::TfDataService, xla::XlaService,
 };

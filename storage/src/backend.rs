@@ -217,6 +217,45 @@ impl DiskBackend {
         self.meta.sync()
     }
 
+    /// The journal format the dir records: one this build reads (see
+    /// [`FORMAT_KEY`]), remembered for [`Backend::record_level`].
+    fn check_format(&self, dir: &Path) -> Result<(), OpenError> {
+        let io = |e: io::Error| OpenError::new(dir, format!("cannot read metadata: {e}"));
+        let format = match self.meta.get(FORMAT_KEY).map_err(io)? {
+            None => 1,
+            Some(raw) => String::from_utf8(raw)
+                .ok()
+                .and_then(|s| s.parse::<u32>().ok())
+                .ok_or_else(|| OpenError::new(dir, "the format record is corrupted"))?,
+        };
+        if format > journal::FEATURE_LEVEL {
+            return Err(OpenError::new(
+                dir,
+                format!(
+                    "it holds journal format {format} ({}), and this coordstore reads formats {} to {}: \
+                     a newer build wrote it, and an older one does not open it (a downgrade); \
+                     run a build of journal feature level {format} or newer on it",
+                    journal::level::describe(format),
+                    journal::OLDEST_FORMAT,
+                    journal::FEATURE_LEVEL
+                ),
+            ));
+        }
+        if format < journal::OLDEST_FORMAT {
+            return Err(OpenError::new(
+                dir,
+                format!(
+                    "it holds journal format {format}, and this coordstore reads formats {} to {}; \
+                     start the node on an empty data dir so it catches up from its peers",
+                    journal::OLDEST_FORMAT,
+                    journal::FEATURE_LEVEL
+                ),
+            ));
+        }
+        *self.format.lock().unwrap_or_else(|p| p.into_inner()) = format;
+        Ok(())
+    }
+
     fn check_identity(&self, dir: &Path, want: &Identity, fresh: bool) -> Result<(), OpenError> {
         let io = |e: io::Error| OpenError::new(dir, format!("cannot read metadata: {e}"));
         match self.meta.get(IDENTITY_KEY).map_err(io)? {
@@ -238,39 +277,7 @@ impl DiskBackend {
                         ),
                     ));
                 }
-                let format = match self.meta.get(FORMAT_KEY).map_err(io)? {
-                    None => 1,
-                    Some(raw) => String::from_utf8(raw)
-                        .ok()
-                        .and_then(|s| s.parse::<u32>().ok())
-                        .ok_or_else(|| OpenError::new(dir, "the format record is corrupted"))?,
-                };
-                if format > journal::FEATURE_LEVEL {
-                    return Err(OpenError::new(
-                        dir,
-                        format!(
-                            "it holds journal format {format} ({}), and this coordstore reads formats {} to {}: \
-                             a newer build wrote it, and an older one does not open it (a downgrade); \
-                             run a build of journal feature level {format} or newer on it",
-                            journal::level::describe(format),
-                            journal::OLDEST_FORMAT,
-                            journal::FEATURE_LEVEL
-                        ),
-                    ));
-                }
-                if format < journal::OLDEST_FORMAT {
-                    return Err(OpenError::new(
-                        dir,
-                        format!(
-                            "it holds journal format {format}, and this coordstore reads formats {} to {}; \
-                             start the node on an empty data dir so it catches up from its peers",
-                            journal::OLDEST_FORMAT,
-                            journal::FEATURE_LEVEL
-                        ),
-                    ));
-                }
-                *self.format.lock().unwrap_or_else(|p| p.into_inner()) = format;
-                Ok(())
+                self.check_format(dir)
             }
             None => {
                 let empty = self.log.is_empty() && self.meta.is_empty();

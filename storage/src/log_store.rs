@@ -470,6 +470,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        debug_assert!(
+            entries
+                .windows(2)
+                .all(|w| w[1].log_id.index == w[0].log_id.index + 1),
+            "openraft appends consecutive entries"
+        );
         // The data dir says what its log needs before the log holds it (a
         // sync, once per level): an older build refuses the dir instead of
         // misreading it.

@@ -93,6 +93,28 @@ impl Inner {
         self.last().filter(|&l| l >= first).map(|_| first)
     }
 
+    /// Whether the segments hold one run of indexes: each segment's records
+    /// start at its name and follow one another, their offsets ascend, and
+    /// each non-empty segment starts right after the one before it ends.
+    fn contiguous(&self) -> bool {
+        let mut next: Option<u64> = None;
+        for seg in &self.segments {
+            let ascending = seg.offsets.windows(2).all(|w| w[0] < w[1])
+                && seg.offsets.last().is_none_or(|o| *o < seg.len.max(1));
+            if !ascending {
+                return false;
+            }
+            let Some(last) = seg.last() else {
+                continue;
+            };
+            if next.is_some_and(|n| n != seg.first) {
+                return false;
+            }
+            next = Some(last + 1);
+        }
+        true
+    }
+
     fn mark_written(&mut self, file: &Arc<File>) {
         if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, file)) {
             self.unsynced.push(file.clone());
@@ -169,6 +191,82 @@ fn allocate(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
     Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
 }
 
+/// The purge point `dir` records, if any.
+fn read_purged(dir: &Path) -> io::Result<Option<u64>> {
+    match std::fs::read_to_string(dir.join(PURGED_FILE)) {
+        Ok(s) => {
+            Ok(Some(s.trim().parse::<u64>().map_err(|_| {
+                corrupt(format!("{}: not an index", PURGED_FILE))
+            })?))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The first index of every segment file in `dir`, ascending.
+fn segment_firsts(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut firsts = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let name = e?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(first) = name
+            .strip_suffix(".seg")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            firsts.push(first);
+        }
+    }
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
+/// Reads the segment at `path` whose first record is `first`: its records
+/// up to the space allocated ahead. The `last` segment's tail can be an
+/// append whose flush never completed: it is cut off; anything else that
+/// does not read is corruption.
+fn read_segment(path: &Path, first: u64, last: bool) -> io::Result<Segment> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let data = std::fs::read(path)?;
+    let mut seg = Segment {
+        first,
+        file: Arc::new(file),
+        offsets: Vec::new(),
+        len: 0,
+        alloc: data.len() as u64,
+    };
+    let mut at = 0usize;
+    while at < data.len() {
+        let expected = first + seg.offsets.len() as u64;
+        match decode_record(&data[at..]) {
+            Some((index, _, size)) if index == expected => {
+                seg.offsets.push(at as u64);
+                at += size;
+            }
+            // Space allocated ahead: the segment ends here.
+            _ if data[at..].iter().all(|&b| b == 0) => break,
+            _ if last => {
+                tracing::warn!(
+                    "{}: dropping an incomplete record at offset {at} (index {expected})",
+                    path.display()
+                );
+                seg.file.set_len(at as u64)?;
+                seg.file.sync_data()?;
+                seg.alloc = at as u64;
+                break;
+            }
+            _ => {
+                return Err(corrupt(format!(
+                    "{}: record {expected} at offset {at} is corrupted",
+                    path.display()
+                )))
+            }
+        }
+    }
+    seg.len = at as u64;
+    Ok(seg)
+}
+
 fn segment_name(first: u64) -> String {
     format!("{first:020}.seg")
 }
@@ -181,27 +279,8 @@ impl Wal {
 
     fn open_with(dir: &Path, segment_bytes: u64) -> io::Result<Wal> {
         std::fs::create_dir_all(dir)?;
-        let purged = match std::fs::read_to_string(dir.join(PURGED_FILE)) {
-            Ok(s) => Some(
-                s.trim()
-                    .parse::<u64>()
-                    .map_err(|_| corrupt(format!("{}: not an index", PURGED_FILE)))?,
-            ),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
-        };
-        let mut firsts = Vec::new();
-        for e in std::fs::read_dir(dir)? {
-            let name = e?.file_name();
-            let name = name.to_string_lossy();
-            if let Some(first) = name
-                .strip_suffix(".seg")
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                firsts.push(first);
-            }
-        }
-        firsts.sort_unstable();
+        let purged = read_purged(dir)?;
+        let firsts = segment_firsts(dir)?;
         let mut inner = Inner {
             purged,
             ..Inner::default()
@@ -209,46 +288,7 @@ impl Wal {
         let count = firsts.len();
         for (n, first) in firsts.into_iter().enumerate() {
             let path = dir.join(segment_name(first));
-            let file = OpenOptions::new().read(true).write(true).open(&path)?;
-            let data = std::fs::read(&path)?;
-            let mut seg = Segment {
-                first,
-                file: Arc::new(file),
-                offsets: Vec::new(),
-                len: 0,
-                alloc: data.len() as u64,
-            };
-            let mut at = 0usize;
-            while at < data.len() {
-                let expected = first + seg.offsets.len() as u64;
-                match decode_record(&data[at..]) {
-                    Some((index, _, size)) if index == expected => {
-                        seg.offsets.push(at as u64);
-                        at += size;
-                    }
-                    // Space allocated ahead: the segment ends here.
-                    _ if data[at..].iter().all(|&b| b == 0) => break,
-                    _ if n + 1 == count => {
-                        // The tail of the last segment: an append whose
-                        // flush never completed. Cut it off.
-                        tracing::warn!(
-                            "{}: dropping an incomplete record at offset {at} (index {expected})",
-                            path.display()
-                        );
-                        seg.file.set_len(at as u64)?;
-                        seg.file.sync_data()?;
-                        seg.alloc = at as u64;
-                        break;
-                    }
-                    _ => {
-                        return Err(corrupt(format!(
-                            "{}: record {expected} at offset {at} is corrupted",
-                            path.display()
-                        )))
-                    }
-                }
-            }
-            seg.len = at as u64;
+            let seg = read_segment(&path, first, n + 1 == count)?;
             if let (Some(prev), Some(_)) = (inner.last(), seg.last()) {
                 if first != prev + 1 {
                     return Err(corrupt(format!(
@@ -259,6 +299,7 @@ impl Wal {
             }
             inner.segments.push_back(seg);
         }
+        debug_assert!(inner.contiguous());
         let wal = Wal {
             dir: dir.to_path_buf(),
             inner: Mutex::new(inner),
@@ -307,6 +348,10 @@ impl Wal {
     /// one; an index at or below the last replaces the records from it on
     /// (as a truncation would); a gap is refused.
     pub(crate) fn append(&self, records: &[(u64, Vec<u8>)]) -> io::Result<()> {
+        debug_assert!(
+            records.windows(2).all(|w| w[1].0 == w[0].0 + 1),
+            "a log append's records have consecutive indexes"
+        );
         let mut g = self.lock();
         let mut buf = Vec::new();
         for (index, payload) in records {
@@ -348,7 +393,10 @@ impl Wal {
             seg.offsets.push(seg.len + buf.len() as u64);
             encode_record(&mut buf, index, payload)?;
         }
-        self.write_buf(&mut g, &mut buf)
+        self.write_buf(&mut g, &mut buf)?;
+        debug_assert!(records.last().is_none_or(|r| g.last() == Some(r.0)));
+        debug_assert!(g.contiguous(), "the log's segments hold one run of indexes");
+        Ok(())
     }
 
     /// Writes `buf` at the end of the active segment (whose offsets already
@@ -510,6 +558,8 @@ impl Wal {
             }
             break;
         }
+        debug_assert!(g.last().is_none_or(|l| l < from), "truncated from {from}");
+        debug_assert!(g.contiguous(), "the log's segments hold one run of indexes");
         Ok(())
     }
 
@@ -569,6 +619,8 @@ impl Wal {
         // Records of a segment that stays are hidden by `Inner::first`.
         g.purged = Some(upto);
         self.drop_purged(&mut g, upto)?;
+        debug_assert!(g.first().is_none_or(|f| f > upto), "purged up to {upto}");
+        debug_assert!(g.contiguous(), "the log's segments hold one run of indexes");
         drop(g);
         self.sync()
     }

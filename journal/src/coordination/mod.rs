@@ -172,28 +172,15 @@ impl Area for Data {
             return Outcome::ok();
         };
         let at = cx.at_ms;
-        let mut w = Writer {
-            cl: cx.cluster,
-            data: self,
-            cx,
-        };
-        match cmd {
-            Command::RegisterTask(c) => w.register_task(c.task, c.incarnation, c.recoverable, at),
-            Command::Heartbeat(c) => w.heartbeat(c.task, c.incarnation, at),
-            Command::TasksUnhealthy(c) => w.tasks_unhealthy(&c.tasks, at),
-            Command::ReportError(c) => w.report_error(c, at),
-            Command::PollForError(c) => w.poll_for_error(c.task, at),
-            Command::ShutdownTask(c) => w.shutdown_task(c.task, c.recoverable, at),
-            Command::ResetTask(c) => w.reset_task(c.task, at),
-            Command::KvInsert(c) => w.kv_insert(c),
-            Command::KvDelete(c) => w.kv_delete(&c.key),
-            Command::KvIncrement(c) => w.kv_increment(&c.key, c.increment),
-            Command::BarrierArrive(c) => w.barrier_arrive(c, at),
-            Command::BarrierCancel(c) => w.barrier_cancel(&c.id, c.counter, c.task, at),
-            Command::BarrierExpire(c) => w.barrier_expire(&c.id, c.counter, at),
-            Command::AliveTasks(c) => w.alive_tasks(c.task, &c.tasks),
-            Command::WaitForAllTasks(c) => w.wait_for_all_tasks(c.task, &c.device_info, at),
-        }
+        // Pre: the tasks are the configuration's; the KV revision and the
+        // task-state version only move forward.
+        debug_assert_eq!(self.tasks.len(), cx.cluster.task_count() as usize);
+        let (revision, version) = (self.kv_revision, self.tasks_version);
+        let out = self.apply_command(cx, cmd, at);
+        debug_assert_eq!(self.tasks.len(), cx.cluster.task_count() as usize);
+        debug_assert!(self.kv_revision >= revision && self.tasks_version >= version);
+        debug_assert!(self.kv_history_start <= self.kv_revision + 1);
+        out
     }
 
     fn on_init(&mut self, cx: &mut Context<'_>) {
@@ -409,4 +396,32 @@ pub(crate) fn barrier_counter(counter: i64) -> Outcome {
 
 pub(crate) fn alive_generation(generation: u64) -> Outcome {
     Outcome::coordination(Reply::AliveGeneration(generation))
+}
+
+impl Data {
+    /// One command of the area, applied (see [`Area::apply`]).
+    fn apply_command(&mut self, cx: &mut Context<'_>, cmd: &Command, at: u64) -> Outcome {
+        let mut w = Writer {
+            cl: cx.cluster,
+            data: self,
+            cx,
+        };
+        match cmd {
+            Command::RegisterTask(c) => w.register_task(c.task, c.incarnation, c.recoverable, at),
+            Command::Heartbeat(c) => w.heartbeat(c.task, c.incarnation, at),
+            Command::TasksUnhealthy(c) => w.tasks_unhealthy(&c.tasks, at),
+            Command::ReportError(c) => w.report_error(c, at),
+            Command::PollForError(c) => w.poll_for_error(c.task, at),
+            Command::ShutdownTask(c) => w.shutdown_task(c.task, c.recoverable, at),
+            Command::ResetTask(c) => w.reset_task(c.task, at),
+            Command::KvInsert(c) => w.kv_insert(c),
+            Command::KvDelete(c) => w.kv_delete(&c.key),
+            Command::KvIncrement(c) => w.kv_increment(&c.key, c.increment),
+            Command::BarrierArrive(c) => w.barrier_arrive(c, at),
+            Command::BarrierCancel(c) => w.barrier_cancel(&c.id, c.counter, c.task, at),
+            Command::BarrierExpire(c) => w.barrier_expire(&c.id, c.counter, at),
+            Command::AliveTasks(c) => w.alive_tasks(c.task, &c.tasks),
+            Command::WaitForAllTasks(c) => w.wait_for_all_tasks(c.task, &c.device_info, at),
+        }
+    }
 }

@@ -57,12 +57,9 @@ impl Closures {
         Closures { core }
     }
 
-    /// Admits call `c` to its namespace (see `Core::admit`).
-    pub async fn admit(&self, c: &Call) -> Result<(), Status> {
-        self.core
-            .admit(c, crate::core::Access::Namespace)
-            .await
-            .map_err(|e| e.into_status(status))
+    /// The core.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     /// Proposes `command` for call `c`: its reply, and where it applied. A

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::core::call::required;
+use crate::core::router::forward;
 use crate::core::{now_ms, Call, CallError, CallResult, Core};
 use crate::duties::coordination::CoordinationDuty;
 
@@ -62,11 +63,6 @@ impl Coordination {
     /// The core.
     pub fn core(&self) -> &Arc<Core> {
         &self.core
-    }
-
-    /// Waits until the call's namespace is configured (see [`Core::ready`]).
-    pub async fn ready(&self, c: &Call) -> CallResult<()> {
-        self.core.ready(c).await
     }
 
     // ------------------------------------------------------------ names ----
@@ -330,73 +326,17 @@ impl Coordination {
     ) -> CallResult<mpsc::Receiver<Result<WatchResponse, Status>>> {
         self.linearizable(c).await?;
         let target = normalize_key(key);
-        let mut last = match start_revision {
+        let last = match start_revision {
             0 => self.core.read(c, |s| s.coordination().kv_revision())?,
             r => r,
         };
         let (tx, rx) = mpsc::channel::<Result<WatchResponse, Status>>(16);
-        let core = self.core.clone();
-        let call = c.clone();
-        tokio::spawn(async move {
-            let first = WatchResponse {
-                events: Vec::new(),
-                revision: last,
-                compacted: false,
-            };
-            if tx.send(Ok(first)).await.is_err() {
-                return;
-            }
-            let (objects, dirs) = if is_dir {
-                (Vec::new(), vec![target.clone()])
-            } else {
-                (vec![journal::Object::Key(target.clone())], Vec::new())
-            };
-            let wakers = core.parking().wakers().clone();
-            let watching = wakers.register(call.namespace_key(), objects, dirs);
-            loop {
-                let woken = watching.notified();
-                let Ok(batch) = core.read(&call, |s| watch_batch(s, &target, is_dir, last)) else {
-                    let gone = format!("namespace {} was deleted", call.namespace());
-                    let _ = tx.send(Err(Status::not_found(gone))).await;
-                    return;
-                };
-                match batch {
-                    Err(revision) => {
-                        let compacted = WatchResponse {
-                            events: Vec::new(),
-                            revision,
-                            compacted: true,
-                        };
-                        let _ = tx.send(Ok(compacted)).await;
-                        return;
-                    }
-                    Ok((events, upto, more)) => {
-                        if !events.is_empty() {
-                            let msg = WatchResponse {
-                                events,
-                                revision: upto,
-                                compacted: false,
-                            };
-                            if tx.send(Ok(msg)).await.is_err() {
-                                return;
-                            }
-                        }
-                        last = upto;
-                        if more {
-                            continue;
-                        }
-                    }
-                }
-                tokio::select! {
-                    () = woken => {
-                        if wakers.is_closed() {
-                            return;
-                        }
-                    }
-                    () = tx.closed() => return,
-                }
-            }
-        });
+        let watch = Watching {
+            target,
+            is_dir,
+            last,
+        };
+        tokio::spawn(watch.send_changes(self.core.clone(), c.clone(), tx));
         Ok(rx)
     }
 
@@ -420,9 +360,15 @@ impl Coordination {
         let early = tokio::time::timeout(HEARTBEAT_LEADER_BUDGET, &mut to_leader)
             .await
             .ok();
-        if let Some(Ok(Ok(answer))) = early {
-            answer?;
-            return Ok(self.service_incarnation(c));
+        // Answered by the leader in time (a refusal included; not a
+        // failure to reach one).
+        if let Some(Ok(answer)) = &early {
+            if !matches!(answer, Err(CallError::Status(_) | CallError::Retry(_))) {
+                if let Err(CallError::Domain(e)) = answer {
+                    return Err(e.clone().into());
+                }
+                return Ok(self.service_incarnation(c));
+            }
         }
         let leader = self.core.router().leader();
         let accepted = leader.leader_heard_recently()
@@ -442,19 +388,14 @@ impl Coordination {
                     .map_err(|e| Status::internal(format!("heartbeat task failed: {e}")))?,
                 Some(_) => self.leader_heartbeat(c, task, incarnation).await,
             };
-            answer??;
+            answer?;
         }
         Ok(self.service_incarnation(c))
     }
 
     /// Delivers a task's heartbeat to the leader's coordination duty (here,
     /// or forwarded to the leader's Node API).
-    pub async fn leader_heartbeat(
-        &self,
-        c: &Call,
-        task: u32,
-        incarnation: u64,
-    ) -> Result<Result<(), DomainError>, Status> {
+    pub async fn leader_heartbeat(&self, c: &Call, task: u32, incarnation: u64) -> CallResult<()> {
         let router = self.core.router();
         let ns = c.namespace_key();
         router
@@ -463,15 +404,15 @@ impl Coordination {
                 || self.duty.heartbeat(router.leader(), ns, task, incarnation),
                 |ch| {
                     let mut client = router.node_client(ch);
-                    let req = c.forward(HeartbeatRequest { task, incarnation });
+                    let req = forward(c, HeartbeatRequest { task, incarnation });
                     async move {
                         let reply = client.heartbeat(req).await?.into_inner();
                         if reply.error.is_empty() {
-                            return Ok(Ok(()));
+                            return Ok(());
                         }
                         let e = DomainError::decode(reply.error.as_ref())
                             .map_err(|e| Status::internal(format!("bad heartbeat answer: {e}")))?;
-                        Ok(Err(e))
+                        Err(e.into())
                     }
                 },
             )
@@ -525,6 +466,88 @@ fn watch_batch(
         }
     }
     Ok((out, upto, upto < kv.kv_revision()))
+}
+
+/// A KV watch being served: what it watches, and the newest revision it
+/// has sent.
+struct Watching {
+    target: String,
+    is_dir: bool,
+    last: u64,
+}
+
+impl Watching {
+    /// Sends the watch's first message (its baseline revision), then every
+    /// change of what it watches as it is applied here, until the receiver
+    /// goes, the history it needs is gone (a `compacted` message), or its
+    /// namespace is deleted.
+    async fn send_changes(
+        mut self,
+        core: Arc<Core>,
+        call: Call,
+        tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    ) {
+        let first = WatchResponse {
+            events: Vec::new(),
+            revision: self.last,
+            compacted: false,
+        };
+        if tx.send(Ok(first)).await.is_err() {
+            return;
+        }
+        let (objects, dirs) = if self.is_dir {
+            (Vec::new(), vec![self.target.clone()])
+        } else {
+            (vec![journal::Object::Key(self.target.clone())], Vec::new())
+        };
+        let wakers = core.parking().wakers().clone();
+        let watching = wakers.register(call.namespace_key(), objects, dirs);
+        loop {
+            let woken = watching.notified();
+            let Ok(batch) = core.read(&call, |s| {
+                watch_batch(s, &self.target, self.is_dir, self.last)
+            }) else {
+                let gone = format!("namespace {} was deleted", call.namespace());
+                let _ = tx.send(Err(Status::not_found(gone))).await;
+                return;
+            };
+            match batch {
+                Err(revision) => {
+                    let compacted = WatchResponse {
+                        events: Vec::new(),
+                        revision,
+                        compacted: true,
+                    };
+                    let _ = tx.send(Ok(compacted)).await;
+                    return;
+                }
+                Ok((events, upto, more)) => {
+                    if !events.is_empty() {
+                        let msg = WatchResponse {
+                            events,
+                            revision: upto,
+                            compacted: false,
+                        };
+                        if tx.send(Ok(msg)).await.is_err() {
+                            return;
+                        }
+                    }
+                    self.last = upto;
+                    if more {
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                () = woken => {
+                    if wakers.is_closed() {
+                        return;
+                    }
+                }
+                () = tx.closed() => return,
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use journal::pb::{
     coordination::{KvDelete, KvInsert},
     update::Command,
-    ClusterConfig, ResetJobEpoch,
+    ResetJobEpoch,
 };
 use journal::{coordination::TaskStatus, State, Update};
 use prost::Message;
@@ -516,6 +516,12 @@ fn code_name(code: tonic::Code) -> String {
     name
 }
 
+/// What a verb prints: JSON (pretty), or a plain value.
+enum Printed {
+    Json(Value),
+    Text(String),
+}
+
 /// Runs one command against `endpoint`; returns what to print.
 /// `tls`: dial over TLS (None: plaintext). `ns`: the namespace of the kv,
 /// tasks, barriers, tfdata and reset-job verbs (None: the default one).
@@ -530,189 +536,215 @@ pub async fn run(
         return Ok(serde_json::to_string_pretty(&backup_header(file)?)?);
     }
     let mut c = connect(endpoint, tls).await?;
-    let out: Value = match cmd {
-        CtlCommand::Status => {
-            let s = c.status(StatusRequest {}).await?.into_inner();
-            json!({
-                "node_id": s.node_id,
-                "leader_id": if s.leader_id == 0 { Value::Null } else { json!(s.leader_id) },
-                "term": s.term,
-                "members": s.members.iter().map(|m| json!({
-                    "id": m.id, "address": m.address, "role": m.role,
-                    "feature_level": (m.feature_level != 0).then_some(m.feature_level),
-                })).collect::<Vec<_>>(),
-                "last_applied": s.last_applied,
-                "service_incarnation": s.service_incarnation,
-                "address": s.address,
-                "role": s.role,
-                "last_log_index": s.last_log_index,
-                "snapshot_index": s.snapshot_index,
-                "purged_index": s.purged_index,
-                "parked_calls": s.parked_calls,
-                "parked_by_kind": s.parked_by_kind,
-                "state_digest": s.state_digest,
-                "namespaces": s.namespaces,
-                "feature_level": s.feature_level,
-                "cluster_feature_level": s.cluster_feature_level,
-            })
+    let printed = match cmd {
+        CtlCommand::Status => Printed::Json(status_json(&mut c).await?),
+        CtlCommand::Ns(n) => Printed::Json(ns_command(&mut c, n).await?),
+        CtlCommand::Kv(k) => kv_command(&mut c, &ns, k).await?,
+        CtlCommand::Tfdata(what) => {
+            let s = state(&mut c, &ns).await?;
+            Printed::Json(tfdata_json(namespace(&s, &ns)?, what))
         }
-        CtlCommand::Ns(n) => ns_command(&mut c, n).await?,
-        CtlCommand::Kv(KvCommand::Get { key }) => {
+        CtlCommand::Tasks => Printed::Json(tasks_json(&mut c, &ns).await?),
+        CtlCommand::Barriers => Printed::Json(barriers_json(&mut c, &ns).await?),
+        CtlCommand::Member(m) => Printed::Json(member_command(&mut c, m).await?),
+        CtlCommand::Snapshot(s) => Printed::Json(snapshot_command(&mut c, s).await?),
+        CtlCommand::ResetJob { tasks } => Printed::Json(reset_job(&mut c, &ns, tasks).await?),
+    };
+    Ok(match printed {
+        Printed::Json(v) => serde_json::to_string_pretty(&v)?,
+        Printed::Text(t) => t,
+    })
+}
+
+/// `ctl status`: the node's status as JSON.
+async fn status_json(c: &mut NodeClient<Channel>) -> anyhow::Result<Value> {
+    let s = c.status(StatusRequest {}).await?.into_inner();
+    Ok(json!({
+        "node_id": s.node_id,
+        "leader_id": if s.leader_id == 0 { Value::Null } else { json!(s.leader_id) },
+        "term": s.term,
+        "members": s.members.iter().map(|m| json!({
+            "id": m.id, "address": m.address, "role": m.role,
+            "feature_level": (m.feature_level != 0).then_some(m.feature_level),
+        })).collect::<Vec<_>>(),
+        "last_applied": s.last_applied,
+        "service_incarnation": s.service_incarnation,
+        "address": s.address,
+        "role": s.role,
+        "last_log_index": s.last_log_index,
+        "snapshot_index": s.snapshot_index,
+        "purged_index": s.purged_index,
+        "parked_calls": s.parked_calls,
+        "parked_by_kind": s.parked_by_kind,
+        "state_digest": s.state_digest,
+        "namespaces": s.namespaces,
+        "feature_level": s.feature_level,
+        "cluster_feature_level": s.cluster_feature_level,
+    }))
+}
+
+/// `ctl kv ...`.
+async fn kv_command(
+    c: &mut NodeClient<Channel>,
+    ns: &Option<String>,
+    cmd: KvCommand,
+) -> anyhow::Result<Printed> {
+    Ok(match cmd {
+        KvCommand::Get { key } => {
             let r = c
-                .kv_get(in_ns(&ns, KvGetRequest { key: key.clone() })?)
+                .kv_get(in_ns(ns, KvGetRequest { key: key.clone() })?)
                 .await?
                 .into_inner();
             if !r.found {
                 anyhow::bail!("key {key} not found");
             }
-            return Ok(String::from_utf8_lossy(&r.value).into_owned());
+            Printed::Text(String::from_utf8_lossy(&r.value).into_owned())
         }
-        CtlCommand::Kv(KvCommand::Put {
+        KvCommand::Put {
             key,
             value,
             no_overwrite,
-        }) => {
-            propose(
-                &mut c,
-                &ns,
-                Command::from(KvInsert {
-                    key,
-                    value: value.into_bytes().into(),
-                    allow_overwrite: !no_overwrite,
-                }),
-            )
-            .await?;
-            return Ok("OK".into());
+        } => {
+            let insert = KvInsert {
+                key,
+                value: value.into_bytes().into(),
+                allow_overwrite: !no_overwrite,
+            };
+            propose(c, ns, Command::from(insert)).await?;
+            Printed::Text("OK".into())
         }
-        CtlCommand::Kv(KvCommand::Delete { key }) => {
-            propose(&mut c, &ns, Command::from(KvDelete { key })).await?;
-            return Ok("OK".into());
+        KvCommand::Delete { key } => {
+            propose(c, ns, Command::from(KvDelete { key })).await?;
+            Printed::Text("OK".into())
         }
-        CtlCommand::Kv(KvCommand::Ls { prefix }) => {
+        KvCommand::Ls { prefix } => {
             let r = c
-                .kv_list(in_ns(&ns, KvListRequest { prefix, limit: 0 })?)
+                .kv_list(in_ns(ns, KvListRequest { prefix, limit: 0 })?)
                 .await?
                 .into_inner();
-            json!(r
+            Printed::Json(json!(r
                 .entries
                 .iter()
                 .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.value)}))
-                .collect::<Vec<_>>())
+                .collect::<Vec<_>>()))
         }
-        CtlCommand::Tfdata(what) => {
-            let s = state(&mut c, &ns).await?;
-            tfdata_json(namespace(&s, &ns)?, what)
+    })
+}
+
+/// `ctl tasks`: every task with its state, incarnation and error.
+async fn tasks_json(c: &mut NodeClient<Channel>, ns: &Option<String>) -> anyhow::Result<Value> {
+    let s = state(c, ns).await?;
+    let s = namespace(&s, ns)?;
+    Ok(json!((0..s.task_count())
+        .map(|i| {
+            let t = s.coordination().task(i).expect("index in range");
+            let (job, id) = s.task_id(i).expect("index in range");
+            json!({
+                "job": job,
+                "task_id": id,
+                "state": match t.status() {
+                    TaskStatus::Connected => "CONNECTED",
+                    TaskStatus::Disconnected => "DISCONNECTED",
+                    TaskStatus::Error => "ERROR",
+                },
+                "incarnation": t.incarnation,
+                "error": t.error.as_ref().map(|e| e.display()),
+            })
+        })
+        .collect::<Vec<_>>()))
+}
+
+/// `ctl barriers`: every barrier with its newest instance.
+async fn barriers_json(c: &mut NodeClient<Channel>, ns: &Option<String>) -> anyhow::Result<Value> {
+    let s = state(c, ns).await?;
+    let s = namespace(&s, ns)?;
+    Ok(json!(s
+        .coordination()
+        .barriers()
+        .map(|(id, b)| json!({
+            "id": id,
+            "counter": b.counter,
+            "status": format!("{:?}", b.status()).to_uppercase(),
+            "participants": b.participants,
+            "arrived": b.arrivals.keys().collect::<Vec<_>>(),
+            "deadline_ms": b.deadline_ms,
+            "error": b.error.as_ref().map(|e| e.display()),
+        }))
+        .collect::<Vec<_>>()))
+}
+
+/// `ctl member add|remove`: the members after the change.
+async fn member_command(c: &mut NodeClient<Channel>, m: MemberCommand) -> anyhow::Result<Value> {
+    let r = match m {
+        MemberCommand::Add {
+            id,
+            address,
+            peer_token_file,
+        } => {
+            let req = proto::coordstore::AddMemberRequest { id, address };
+            c.add_member(with_token(req, &peer_token_file)?).await?
         }
-        CtlCommand::Tasks => {
-            let s = state(&mut c, &ns).await?;
-            let s = namespace(&s, &ns)?;
-            json!((0..s.task_count())
-                .map(|i| {
-                    let t = s.coordination().task(i).expect("index in range");
-                    let (job, id) = s.task_id(i).expect("index in range");
-                    json!({
-                        "job": job,
-                        "task_id": id,
-                        "state": match t.status() {
-                            TaskStatus::Connected => "CONNECTED",
-                            TaskStatus::Disconnected => "DISCONNECTED",
-                            TaskStatus::Error => "ERROR",
-                        },
-                        "incarnation": t.incarnation,
-                        "error": t.error.as_ref().map(|e| e.display()),
-                    })
-                })
-                .collect::<Vec<_>>())
-        }
-        CtlCommand::Barriers => {
-            let s = state(&mut c, &ns).await?;
-            let s = namespace(&s, &ns)?;
-            json!(s
-                .coordination()
-                .barriers()
-                .map(|(id, b)| json!({
-                    "id": id,
-                    "counter": b.counter,
-                    "status": format!("{:?}", b.status()).to_uppercase(),
-                    "participants": b.participants,
-                    "arrived": b.arrivals.keys().collect::<Vec<_>>(),
-                    "deadline_ms": b.deadline_ms,
-                    "error": b.error.as_ref().map(|e| e.display()),
-                }))
-                .collect::<Vec<_>>())
-        }
-        CtlCommand::Member(m) => {
-            let r = match m {
-                MemberCommand::Add {
-                    id,
-                    address,
-                    peer_token_file,
-                } => c
-                    .add_member(with_token(
-                        proto::coordstore::AddMemberRequest { id, address },
-                        &peer_token_file,
-                    )?)
-                    .await?
-                    .into_inner(),
-                MemberCommand::Remove {
-                    id,
-                    peer_token_file,
-                } => c
-                    .remove_member(with_token(
-                        proto::coordstore::RemoveMemberRequest { id },
-                        &peer_token_file,
-                    )?)
-                    .await?
-                    .into_inner(),
-            };
-            json!(r
-                .members
-                .iter()
-                .map(|m| json!({"id": m.id, "address": m.address, "role": m.role}))
-                .collect::<Vec<_>>())
-        }
-        CtlCommand::Snapshot(SnapshotCommand::Save { file }) => {
-            let cluster_id = c.status(StatusRequest {}).await?.into_inner().cluster_id;
-            let reply = c.state(StateRequest::default()).await?.into_inner();
-            let b = storage::backup::Backup::new(
-                reply.snapshot.to_vec(),
-                reply.last_applied,
-                &cluster_id,
-                crate::core::now_ms(),
-            )
-            .map_err(anyhow::Error::msg)?;
-            b.write(&file)
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))?;
-            json!({"file": file.display().to_string(), "header": b.header})
-        }
-        CtlCommand::Snapshot(SnapshotCommand::Status { file }) => json!(backup_header(&file)?),
-        CtlCommand::ResetJob { tasks } => {
-            let config = match tasks {
-                Some(n) => {
-                    let s = state(&mut c, &ns).await?;
-                    let mut cfg = namespace(&s, &ns)?
-                        .config()
-                        .cloned()
-                        .unwrap_or_else(ClusterConfig::default);
-                    cfg.jobs = vec![journal::pb::JobSpec {
-                        name: journal::JAX_JOB.into(),
-                        count: n,
-                    }];
-                    Some(cfg)
-                }
-                None => None,
-            };
-            let out = propose(
-                &mut c,
-                &ns,
-                Command::ResetJobEpoch(ResetJobEpoch {
-                    service_incarnation: rand::random(),
-                    config,
-                }),
-            )
-            .await?;
-            json!({"service_incarnation": out.service_incarnation()})
+        MemberCommand::Remove {
+            id,
+            peer_token_file,
+        } => {
+            let req = proto::coordstore::RemoveMemberRequest { id };
+            c.remove_member(with_token(req, &peer_token_file)?).await?
         }
     };
-    Ok(serde_json::to_string_pretty(&out)?)
+    Ok(json!(r
+        .into_inner()
+        .members
+        .iter()
+        .map(|m| json!({"id": m.id, "address": m.address, "role": m.role}))
+        .collect::<Vec<_>>()))
+}
+
+/// `ctl snapshot save|status`.
+async fn snapshot_command(
+    c: &mut NodeClient<Channel>,
+    cmd: SnapshotCommand,
+) -> anyhow::Result<Value> {
+    let file = match cmd {
+        SnapshotCommand::Status { file } => return Ok(json!(backup_header(&file)?)),
+        SnapshotCommand::Save { file } => file,
+    };
+    let cluster_id = c.status(StatusRequest {}).await?.into_inner().cluster_id;
+    let reply = c.state(StateRequest::default()).await?.into_inner();
+    let b = storage::backup::Backup::new(
+        reply.snapshot.to_vec(),
+        reply.last_applied,
+        &cluster_id,
+        crate::core::now_ms(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    b.write(&file)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))?;
+    Ok(json!({"file": file.display().to_string(), "header": b.header}))
+}
+
+/// `ctl reset-job [--tasks N]`: a new job epoch; its service incarnation.
+async fn reset_job(
+    c: &mut NodeClient<Channel>,
+    ns: &Option<String>,
+    tasks: Option<u32>,
+) -> anyhow::Result<Value> {
+    let config = match tasks {
+        Some(n) => {
+            let s = state(c, ns).await?;
+            let mut cfg = namespace(&s, ns)?.config().cloned().unwrap_or_default();
+            cfg.jobs = vec![journal::pb::JobSpec {
+                name: journal::JAX_JOB.into(),
+                count: n,
+            }];
+            Some(cfg)
+        }
+        None => None,
+    };
+    let reset = ResetJobEpoch {
+        service_incarnation: rand::random(),
+        config,
+    };
+    let out = propose(c, ns, Command::ResetJobEpoch(reset)).await?;
+    Ok(json!({"service_incarnation": out.service_incarnation()}))
 }

@@ -1,46 +1,31 @@
-//! The call context: what the front door learns about a call once, from its
-//! gRPC metadata, and hands down to whatever runs it — its exactly-once
-//! origin, the job epoch in which its task names were resolved, its
-//! deadline, whether another node forwarded it, and its namespace. An
-//! origin is parsed, stamped and converted between its wire form
-//! ([`proto::origin::WireOrigin`], the [`ORIGIN_HEADER`]) and its journal
-//! form (`journal::pb::Origin`) here and nowhere else.
+//! The call context: what the front door learns about a call once and hands
+//! down to whatever runs it — its exactly-once origin, the job epoch in
+//! which its task names were resolved, its deadline, whether another node
+//! forwarded it, its namespace, and who the client is (its certificate).
+//!
+//! A [`Call`] is a plain value any transport builds from a
+//! [`CallContext`]: the gRPC dialects from a request's metadata
+//! (`crate::wire::context`), a raw TCP protocol from its connection (its
+//! port's namespace, the session's origins). An origin is converted between
+//! its wire form ([`proto::origin::WireOrigin`], the [`ORIGIN_HEADER`]) and
+//! its journal form (`journal::pb::Origin`) here and nowhere else.
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use journal::pb::{update::Command, DomainError, Origin};
 use journal::Update;
 use proto::origin::{Lane, Lanes, WireOrigin};
-use tonic::metadata::MetadataMap;
 use tonic::transport::CertificateDer;
-use tonic::{Request, Status};
+use tonic::Status;
 
 pub use proto::ORIGIN_HEADER;
-
-/// gRPC metadata key marking a call forwarded by another node; such a call
-/// is never forwarded again (no forwarding loops while leadership moves).
-/// A client can set it too: all it gets is an UNAVAILABLE from a follower.
-pub const FORWARDED: &str = "x-coordstore-forwarded";
 
 /// The namespace of a call that names none.
 pub const DEFAULT_NAMESPACE: &str = journal::DEFAULT_NAMESPACE;
 
 pub use proto::NAMESPACE_HEADER;
-
-/// The namespace of the port a request arrived on: a request extension a
-/// namespace port's listener puts on every request, which wins over any
-/// header.
-#[derive(Clone, Debug)]
-pub struct PortNamespace(pub String);
-
-/// A request that arrived on the peer port (another node's forward, over
-/// the peers' own mutual TLS): the node that took the call from its client
-/// admitted it. A request extension the peer port's server puts on every
-/// request; a client cannot set it.
-#[derive(Clone, Copy, Debug)]
-pub struct PeerPort;
 
 /// The cluster's admin identity: which client certificates may run the
 /// cluster verbs (namespace create, delete, reset, export and import,
@@ -58,7 +43,7 @@ pub struct Admins {
 }
 
 /// What a call needs to be admitted (see `Core::admit`): the one rule every
-/// service's calls pass, chosen per method.
+/// service's calls pass, chosen per dialect and method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access<'a> {
     /// Anyone who reached the port: the node's status, a read index.
@@ -66,8 +51,31 @@ pub enum Access<'a> {
     /// The call's namespace: it exists, and admits the client (its
     /// allow-list, or an admin).
     Namespace,
+    /// The call's namespace as [`Access::Namespace`], and configured (its
+    /// job's settings applied): what a coordination dialect's calls wait
+    /// for at a fresh cluster's start.
+    Configured,
     /// A cluster verb, named for the refusal: admins only.
     Cluster(&'a str),
+}
+
+/// What a transport knows of a call when it arrives; [`Call::new`] makes
+/// the call of it.
+#[derive(Clone, Debug, Default)]
+pub struct CallContext {
+    /// The namespace it acts in (`None`: the default one).
+    pub namespace: Option<String>,
+    /// The caller's exactly-once origin, if it sent one.
+    pub origin: Option<Origin>,
+    /// When the caller stops waiting, if it said.
+    pub deadline: Option<Instant>,
+    /// Another node forwarded it (it is not forwarded again).
+    pub forwarded: bool,
+    /// The client's certificate chain (TLS), if it presented one.
+    pub peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    /// It arrived on the peer port: the node that took it from its client
+    /// admitted it.
+    pub from_peer: bool,
 }
 
 /// One call's context (cloned for each attempt of a call retried on the
@@ -82,7 +90,7 @@ pub struct Call {
     /// Borrowed for the default namespace (no allocation on its calls).
     namespace: Cow<'static, str>,
     /// The client's certificate chain (mutual TLS), if it presented one.
-    peer_certs: Option<std::sync::Arc<Vec<CertificateDer<'static>>>>,
+    peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
     /// The names of its certificate (subject CN and SANs), read only when a
     /// namespace with an allow-list asks; `None` without one.
     client_names: OnceLock<Option<Vec<String>>>,
@@ -91,25 +99,31 @@ pub struct Call {
 }
 
 impl Call {
-    /// The context of `req`: its origin (a malformed [`ORIGIN_HEADER`] is
-    /// INVALID_ARGUMENT before anything happens), its deadline
-    /// (`grpc-timeout`), and whether a node forwarded it.
-    pub fn from_request<T>(req: &Request<T>) -> Result<Call, Status> {
-        let md = req.metadata();
-        let namespace = match req.extensions().get::<PortNamespace>() {
-            Some(PortNamespace(name)) => Cow::Owned(name.clone()),
-            None => header_namespace(md)?,
+    /// The call a transport describes in `ctx`.
+    pub fn new(ctx: CallContext) -> Call {
+        let namespace = match ctx.namespace {
+            None => Cow::Borrowed(DEFAULT_NAMESPACE),
+            Some(n) if n == DEFAULT_NAMESPACE => Cow::Borrowed(DEFAULT_NAMESPACE),
+            Some(n) => Cow::Owned(n),
         };
-
-        Ok(Call {
-            origin: header_origin(md)?,
+        Call {
+            origin: ctx.origin,
             named_in: OnceLock::new(),
-            deadline: grpc_timeout(md).map(|t| Instant::now() + t),
-            forwarded: md.contains_key(FORWARDED),
+            deadline: ctx.deadline,
+            forwarded: ctx.forwarded,
             namespace,
-            peer_certs: req.peer_certs(),
+            peer_certs: ctx.peer_certs,
             client_names: OnceLock::new(),
-            from_peer: req.extensions().get::<PeerPort>().is_some(),
+            from_peer: ctx.from_peer,
+        }
+    }
+
+    /// A call this node makes itself (a tool, a test): no origin, not
+    /// forwarded, no deadline.
+    pub fn local() -> Call {
+        Call::new(CallContext {
+            from_peer: true,
+            ..Default::default()
         })
     }
 
@@ -195,21 +209,6 @@ impl Call {
         self
     }
 
-    /// A call this node makes itself (a tool, a test): no origin, not
-    /// forwarded, no deadline.
-    pub fn local() -> Call {
-        Call {
-            origin: None,
-            named_in: OnceLock::new(),
-            deadline: None,
-            forwarded: false,
-            namespace: Cow::Borrowed(DEFAULT_NAMESPACE),
-            peer_certs: None,
-            client_names: OnceLock::new(),
-            from_peer: true,
-        }
-    }
-
     /// The caller's exactly-once origin, if it sent one.
     pub fn origin(&self) -> Option<Origin> {
         self.origin
@@ -248,7 +247,8 @@ impl Call {
         self.named_in.get().copied()
     }
 
-    /// The update of `command` for this call: its origin and epoch.
+    /// The update of `command` for this call: its origin, epoch and
+    /// namespace.
     pub fn update(&self, command: impl Into<Command>) -> Update {
         Update {
             origin: self.origin,
@@ -261,8 +261,9 @@ impl Call {
 
     /// This call with an origin: the caller's, or one drawn on a lane of
     /// `lanes` (held until the returned lane drops, when the call is over).
-    /// Every attempt of the call, here or forwarded, then carries it.
-    pub fn with_origin(&self, lanes: &Lanes) -> (Call, Option<Lane>) {
+    /// Every attempt of the call, here or forwarded, then carries it. Only
+    /// the router draws origins (`Router::exactly_once`).
+    pub(super) fn with_origin(&self, lanes: &Lanes) -> (Call, Option<Lane>) {
         let (origin, lane) = match self.origin {
             Some(o) => (o, None),
             None => {
@@ -276,106 +277,10 @@ impl Call {
         };
         (call, lane)
     }
-
-    /// `msg` as this call forwarded to the leader: marked forwarded, with
-    /// the call's origin and namespace.
-    pub fn forward<M>(&self, msg: M) -> Request<M> {
-        let mut req = forwarded(msg);
-        if let Some(o) = self.origin {
-            if let Ok(v) = wire_origin(o).header_value().parse() {
-                req.metadata_mut().insert(ORIGIN_HEADER, v);
-            }
-        }
-        if !self.namespace_key().is_empty() {
-            if let Ok(v) = self.namespace.parse() {
-                req.metadata_mut().insert(NAMESPACE_HEADER, v);
-            }
-        }
-        req
-    }
 }
 
-/// A request marked as forwarded by this node.
-pub fn forwarded<T>(msg: T) -> Request<T> {
-    let mut req = Request::new(msg);
-    req.metadata_mut()
-        .insert(FORWARDED, "1".parse().expect("ascii"));
-    req
-}
-
-/// A layer that puts a copy of `T` in every request's extensions: how a
-/// listener tells a call where it arrived ([`PortNamespace`], [`PeerPort`]).
-#[derive(Clone)]
-pub struct Tag<T>(pub T);
-
-impl<S, T: Clone> tower::Layer<S> for Tag<T> {
-    type Service = Tagged<S, T>;
-
-    fn layer(&self, inner: S) -> Tagged<S, T> {
-        Tagged {
-            inner,
-            tag: self.0.clone(),
-        }
-    }
-}
-
-/// The service [`Tag`] wraps around each service of a listener.
-#[derive(Clone)]
-pub struct Tagged<S, T> {
-    inner: S,
-    tag: T,
-}
-
-impl<S, B, T> tower::Service<http::Request<B>> for Tagged<S, T>
-where
-    S: tower::Service<http::Request<B>>,
-    T: Clone + Send + Sync + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        req.extensions_mut().insert(self.tag.clone());
-        self.inner.call(req)
-    }
-}
-
-/// Gives `u` an origin on a lane of `lanes` if it has none; the lane is
-/// held until the returned guard drops (when the call is over).
-pub fn stamp(u: &mut Update, lanes: &Lanes) -> Option<Lane> {
-    if u.origin.is_some() {
-        return None;
-    }
-    let lane = lanes.checkout();
-    u.origin = Some(journal_origin(lane.origin()));
-    Some(lane)
-}
-
-/// The origin `md` carries in [`ORIGIN_HEADER`], if any
-/// (`CLIENT_ID:SEQ[:DONE_BELOW]`, see [`proto::origin`]).
-fn header_origin(md: &MetadataMap) -> Result<Option<Origin>, Status> {
-    let Some(v) = md.get(ORIGIN_HEADER) else {
-        return Ok(None);
-    };
-    let text = v.to_str().map_err(|_| {
-        Status::invalid_argument(format!(
-            "malformed {ORIGIN_HEADER} header (want CLIENT_ID:SEQ[:DONE_BELOW])"
-        ))
-    })?;
-    let o = WireOrigin::parse(text)
-        .map_err(|e| Status::invalid_argument(format!("{ORIGIN_HEADER} header: {e}")))?;
-    Ok(Some(journal_origin(o)))
-}
-
-fn journal_origin(o: WireOrigin) -> Origin {
+/// An origin's journal form.
+pub fn journal_origin(o: WireOrigin) -> Origin {
     Origin {
         client_id: o.client_id,
         seq: o.seq,
@@ -383,7 +288,8 @@ fn journal_origin(o: WireOrigin) -> Origin {
     }
 }
 
-fn wire_origin(o: Origin) -> WireOrigin {
+/// An origin's wire form (the [`ORIGIN_HEADER`]'s).
+pub fn wire_origin(o: Origin) -> WireOrigin {
     WireOrigin {
         client_id: o.client_id,
         seq: o.seq,
@@ -410,23 +316,25 @@ fn cert_names(der: &[u8]) -> Vec<String> {
                 GeneralName::DNSName(s) | GeneralName::RFC822Name(s) | GeneralName::URI(s) => {
                     names.push(s.to_string())
                 }
-                GeneralName::IPAddress(b) => {
-                    let ip = match b.len() {
-                        4 => <[u8; 4]>::try_from(*b)
-                            .ok()
-                            .map(|a| std::net::IpAddr::from(a).to_string()),
-                        16 => <[u8; 16]>::try_from(*b)
-                            .ok()
-                            .map(|a| std::net::IpAddr::from(a).to_string()),
-                        _ => None,
-                    };
-                    names.extend(ip);
-                }
+                GeneralName::IPAddress(b) => names.extend(ip_name(b)),
                 _ => {}
             }
         }
     }
     names
+}
+
+/// An IP address SAN as text.
+fn ip_name(b: &[u8]) -> Option<String> {
+    match b.len() {
+        4 => <[u8; 4]>::try_from(b)
+            .ok()
+            .map(|a| std::net::IpAddr::from(a).to_string()),
+        16 => <[u8; 16]>::try_from(b)
+            .ok()
+            .map(|a| std::net::IpAddr::from(a).to_string()),
+        _ => None,
+    }
 }
 
 /// Whether `name` matches `pattern`, where `*` matches any run of
@@ -450,50 +358,18 @@ fn glob(pattern: &str, name: &str) -> bool {
     true
 }
 
-/// The namespace `md` names in [`NAMESPACE_HEADER`] (a DNS label), or the
-/// default one.
-fn header_namespace(md: &MetadataMap) -> Result<Cow<'static, str>, Status> {
-    let Some(v) = md.get(NAMESPACE_HEADER) else {
-        return Ok(Cow::Borrowed(DEFAULT_NAMESPACE));
-    };
-    let name = v.to_str().unwrap_or_default();
-    if !journal::namespace::valid_name(name) {
-        return Err(Status::invalid_argument(format!(
-            "{NAMESPACE_HEADER}: {:?} is not a namespace name (a DNS label)",
-            String::from_utf8_lossy(v.as_bytes())
-        )));
-    }
-    Ok(Cow::Owned(name.to_string()))
-}
-
-/// The caller's timeout from `grpc-timeout` (gRPC over HTTP/2: up to eight
-/// digits and a unit, H M S m u n).
-fn grpc_timeout(md: &MetadataMap) -> Option<Duration> {
-    let v = md.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 /// A failed call: the state machine's answer (mapped to the dialect's wire
-/// error) or a transport-level status (no leader, shutting down).
+/// error), a status of the call's own (no leader in time, shutting down,
+/// its deadline), or a step this node could not take as the leader, which
+/// the router retries (see `super::router`).
 #[derive(Debug)]
 pub enum CallError {
     /// The state machine's answer.
     Domain(DomainError),
     /// The call could not be carried out.
     Status(Status),
+    /// Not the leader here, or leadership moving: the router tries again.
+    Retry(String),
 }
 
 impl From<Status> for CallError {
@@ -508,17 +384,35 @@ impl From<DomainError> for CallError {
     }
 }
 
-/// The result of a call.
+impl From<super::Retry> for CallError {
+    fn from(r: super::Retry) -> Self {
+        CallError::Retry(r.0)
+    }
+}
+
+/// The result of a call: one shape for every layer of the front door.
 pub type CallResult<T> = Result<T, CallError>;
 
 impl CallError {
-    /// The wire status, domain errors encoded by `domain`.
+    /// The wire status, domain errors encoded by `domain` (a retry that was
+    /// not retried is UNAVAILABLE).
     pub fn into_status(self, domain: impl FnOnce(&DomainError) -> Status) -> Status {
         match self {
             CallError::Domain(d) => domain(&d),
             CallError::Status(s) => s,
+            CallError::Retry(why) => Status::unavailable(why),
         }
     }
+
+    /// The wire status, a domain error as its code and message.
+    pub fn into_plain_status(self) -> Status {
+        self.into_status(plain)
+    }
+}
+
+/// A domain error as a status of its code and message (no payloads).
+pub fn plain(e: &DomainError) -> Status {
+    Status::new(tonic::Code::from_i32(e.code), e.message.clone())
 }
 
 /// A reply an outcome must carry; its absence is a bug between this
@@ -535,54 +429,28 @@ pub fn required<T>(value: Option<T>, call: &str) -> CallResult<T> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_call_reads_its_origin_deadline_and_forward_marker_once() {
-        let mut req = Request::new(());
-        req.metadata_mut()
-            .insert(ORIGIN_HEADER, "7:3:2".parse().unwrap());
-        req.metadata_mut()
-            .insert("grpc-timeout", "1500m".parse().unwrap());
-        let c = Call::from_request(&req).unwrap();
-        assert_eq!(
-            c.origin(),
-            Some(Origin {
-                client_id: 7,
-                seq: 3,
-                done_below: 2
-            })
-        );
-        assert!(!c.forwarded());
-        let left = c.deadline().unwrap() - Instant::now();
-        assert!(left <= Duration::from_millis(1500) && left > Duration::from_millis(1000));
-        // A forward carries the origin and the marker.
-        let f = c.forward(());
-        assert_eq!(f.metadata().get(ORIGIN_HEADER).unwrap(), "7:3:2");
-        assert!(Call::from_request(&f).unwrap().forwarded());
+    fn call() -> Call {
+        Call::new(CallContext::default())
     }
 
     #[test]
-    fn a_call_names_its_namespace_by_port_over_header() {
-        let mut req = Request::new(());
-        assert_eq!(Call::from_request(&req).unwrap().namespace_key(), "");
-        req.metadata_mut()
-            .insert(NAMESPACE_HEADER, "job-a".parse().unwrap());
-        let c = Call::from_request(&req).unwrap();
+    fn a_call_is_made_of_what_its_transport_knows() {
+        let c = call();
+        assert_eq!((c.namespace(), c.namespace_key()), ("default", ""));
+        let c = Call::new(CallContext {
+            namespace: Some("job-a".into()),
+            ..Default::default()
+        });
         assert_eq!(c.namespace(), "job-a");
         assert_eq!(
             c.update(Command::Noop(journal::pb::Noop {})).namespace,
             "job-a"
         );
-        assert_eq!(
-            c.forward(()).metadata().get(NAMESPACE_HEADER).unwrap(),
-            "job-a"
-        );
-        req.extensions_mut().insert(PortNamespace("job-b".into()));
-        assert_eq!(Call::from_request(&req).unwrap().namespace(), "job-b");
-        let mut bad = Request::new(());
-        bad.metadata_mut()
-            .insert(NAMESPACE_HEADER, "Job_A".parse().unwrap());
-        let e = Call::from_request(&bad).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let d = Call::new(CallContext {
+            namespace: Some("default".into()),
+            ..Default::default()
+        });
+        assert_eq!(d.namespace_key(), "");
     }
 
     #[test]
@@ -593,7 +461,7 @@ mod tests {
         assert!(!glob("a*b*c", "a-x-c-y-b"));
         assert!(!glob("job-a", "job-ab"));
         assert!(glob("job-a", "job-a"));
-        let mut c = Call::from_request(&Request::new(())).unwrap();
+        let mut c = call();
         let none = Admins::default();
         assert!(c.admit(&[], &none).is_ok(), "no list: any client");
         let allow = vec!["job-a*".to_string()];
@@ -615,7 +483,7 @@ mod tests {
             names: vec!["ops-*".into()],
         };
         let as_named = |names: &[&str]| {
-            let c = Call::from_request(&Request::new(())).unwrap();
+            let c = call();
             let names = names.iter().map(|n| n.to_string()).collect();
             c.client_names.set(Some(names)).unwrap();
             c
@@ -662,15 +530,6 @@ mod tests {
     }
 
     #[test]
-    fn a_malformed_origin_is_invalid_argument() {
-        let mut req = Request::new(());
-        req.metadata_mut()
-            .insert(ORIGIN_HEADER, "7".parse().unwrap());
-        let e = Call::from_request(&req).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    }
-
-    #[test]
     fn the_first_task_resolution_fixes_the_epoch() {
         let c = Call::local();
         assert_eq!(c.epoch(), None);
@@ -687,7 +546,8 @@ mod tests {
         let o = c.origin().unwrap();
         assert_eq!(o.seq, 1);
         assert!(lane.is_some());
-        let mut u = c.update(Command::Noop(journal::pb::Noop {}));
-        assert!(stamp(&mut u, &lanes).is_none(), "it has one already");
+        let (again, lane) = c.with_origin(&lanes);
+        assert_eq!(again.origin(), Some(o), "it has one already");
+        assert!(lane.is_none());
     }
 }

@@ -18,7 +18,7 @@ use journal::{Namespace, State, Update, Wait};
 use raft::{Applied, RaftNode};
 use tonic::Status;
 
-pub use call::{Access, Admins, Call, CallError, CallResult};
+pub use call::{Access, Admins, Call, CallContext, CallError, CallResult};
 pub use leader::{now_ms, LocalLeader, Retry};
 pub use park::{Parked, Parking};
 pub use router::Router;
@@ -85,12 +85,12 @@ impl Core {
 
     /// Waits until this node has applied the call's namespace's
     /// configuration (the first leader proposes the default one; a create
-    /// configures another). A namespace missing here is confirmed missing
-    /// on an up-to-date state (a linearizable read) before NOT_FOUND, so a
-    /// node behind the leader does not deny a namespace just created.
-    /// UNAVAILABLE (no payload: clients retry) if the default namespace is
-    /// not configured in time.
-    pub async fn ready(&self, call: &Call) -> CallResult<()> {
+    /// configures another), after admitting the call to the namespace. A
+    /// namespace missing here is confirmed missing on an up-to-date state (a
+    /// linearizable read) before NOT_FOUND, so a node behind the leader does
+    /// not deny a namespace just created. UNAVAILABLE (no payload: clients
+    /// retry) if the default namespace is not configured in time.
+    async fn configured(&self, call: &Call) -> CallResult<()> {
         // The common case in one look: the namespace exists, admits any
         // client, and is configured.
         let open_and_ready = |s: &State| {
@@ -101,12 +101,10 @@ impl Core {
         if self.state(open_and_ready) {
             return Ok(());
         }
-        self.admit(call, Access::Namespace).await?;
+        self.admit_to_namespace(call).await?;
         let ready = |s: &State| s.namespace(call.namespace()).map(|n| n.is_initialized());
-        if self.state(ready) == Some(true) {
-            return Ok(());
-        }
         let deadline = Instant::now() + self.ready_wait;
+        let deadline = call.deadline().map_or(deadline, |d| d.min(deadline));
         let mut rx = self.node().state().subscribe();
         loop {
             rx.borrow_and_update();
@@ -135,6 +133,7 @@ impl Core {
             Access::Open => Ok(()),
             Access::Cluster(verb) => Ok(call.admit_cluster_verb(verb, &self.admins)?),
             Access::Namespace => self.admit_to_namespace(call).await,
+            Access::Configured => self.configured(call).await,
         }
     }
 
@@ -183,7 +182,9 @@ impl Core {
     }
 
     /// Parks `call` until `wait` answers (see [`Parking::park`]), from log
-    /// index `index`, in job `epoch` if the wait belongs to one.
+    /// index `index`, in job `epoch` if the wait belongs to one, until
+    /// `deadline` (the wait's own: `Ok(None)` then). The caller's deadline
+    /// ends it too, with DEADLINE_EXCEEDED: the caller has stopped waiting.
     pub async fn park(
         &self,
         call: &Call,
@@ -193,7 +194,19 @@ impl Core {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Parked, Status> {
         let ns = call.namespace_key();
-        self.parking.park(ns, index, epoch, wait, deadline).await
+        let callers = call.deadline().map(tokio::time::Instant::from_std);
+        let first = match (deadline, callers) {
+            (Some(d), Some(c)) => Some(d.min(c)),
+            (d, c) => d.or(c),
+        };
+        let parked = self.parking.park(ns, index, epoch, wait, first).await?;
+        let callers_first = callers.is_some_and(|c| deadline.is_none_or(|d| c < d));
+        if parked.is_none() && callers_first {
+            return Err(Status::deadline_exceeded(
+                "the caller's deadline passed while the call waited",
+            ));
+        }
+        Ok(parked)
     }
 }
 

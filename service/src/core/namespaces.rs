@@ -21,7 +21,8 @@ use prost::Message;
 use proto::coordstore::{JobCount, NamespaceInfo, NamespaceSettings, QueueInfo};
 use tonic::Status;
 
-use super::{now_ms, Call, Core, Retry};
+use super::call::plain;
+use super::{now_ms, Call, CallResult, Core};
 
 /// Defaults of a namespace's settings: `coordstore serve`'s.
 pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 100_000;
@@ -49,11 +50,6 @@ pub struct Namespaces {
     policy: NamespacePolicy,
     /// This node's listener on each namespace's port: "serving" or why not.
     listeners: Mutex<HashMap<String, String>>,
-}
-
-/// A domain error as a plain status.
-fn domain(e: &journal::DomainError) -> Status {
-    Status::new(tonic::Code::from_i32(e.code), e.message.clone())
 }
 
 impl Namespaces {
@@ -93,14 +89,14 @@ impl Namespaces {
             .unwrap_or_else(|| "not opened yet".into())
     }
 
-    /// Proposes `u` on the leader (here): its outcome, a domain error as
-    /// the call's status.
-    async fn propose_here(&self, u: &Update) -> Result<Result<journal::Outcome, Status>, Retry> {
+    /// Proposes `u` on the leader (here): its outcome; a domain error is
+    /// the call's.
+    async fn propose_here(&self, u: &Update) -> CallResult<journal::Outcome> {
         let applied = self.core.router().leader().propose(u).await?;
-        Ok(match &applied.outcome.error {
-            Some(e) => Err(domain(e)),
+        match applied.outcome.error {
+            Some(e) => Err(e.into()),
             None => Ok(applied.outcome),
-        })
+        }
     }
 
     /// CreateNamespace, on the leader (see the module). A follower's caller
@@ -111,25 +107,19 @@ impl Namespaces {
         name: &str,
         settings: &NamespaceSettings,
         data: Option<journal::pb::NamespaceData>,
-    ) -> Result<Result<NamespaceInfo, Status>, Retry> {
+    ) -> CallResult<NamespaceInfo> {
         if !valid_name(name) {
-            return Ok(Err(domain(&journal::namespace::bad_name(name))));
+            return Err(journal::namespace::bad_name(name).into());
         }
-        let (config, mut spec) = match (&data, settings_to_parts(settings)) {
-            (_, Err(e)) => return Ok(Err(e)),
-            (Some(d), Ok((_, spec))) => (d.config.clone().unwrap_or_default(), spec),
-            (None, Ok(parts)) => parts,
+        let (config, mut spec) = match (&data, settings_to_parts(settings)?) {
+            (Some(d), (_, spec)) => (d.config.clone().unwrap_or_default(), spec),
+            (None, parts) => parts,
         };
         self.core.router().leader().read_barrier().await?;
         if let (0, Some(range)) = (spec.port, self.policy.ports) {
-            match self.free_port(range) {
-                Ok(p) => spec.port = p,
-                Err(e) => return Ok(Err(e)),
-            }
+            spec.port = self.free_port(range)?;
         } else if spec.port != 0 {
-            if let Err(e) = self.check_port(spec.port) {
-                return Ok(Err(e));
-            }
+            self.check_port(spec.port)?;
         }
         let (low, high) = self.policy.ports.unwrap_or((0, 0));
         let create = CreateNamespace {
@@ -143,43 +133,27 @@ impl Namespaces {
             data,
         };
         // Checked here too, so a refused create proposes nothing.
-        if let Err(e) = self.core.state(|s| s.check_create(&create, now_ms())) {
-            return Ok(Err(domain(&e)));
-        }
-        let u = Update {
-            origin: c.origin(),
-            ..Update::from(Command::CreateNamespace(create))
-        };
-        if let Err(e) = self.propose_here(&u).await? {
-            return Ok(Err(e));
-        }
-        Ok(self.info(c, name))
+        self.core.state(|s| s.check_create(&create, now_ms()))?;
+        self.propose_here(&c.update(Command::CreateNamespace(create)))
+            .await?;
+        self.info(c, name)
     }
 
     /// DeleteNamespace, on the leader.
-    pub async fn delete_here(
-        &self,
-        c: &Call,
-        name: &str,
-    ) -> Result<Result<NamespaceInfo, Status>, Retry> {
+    pub async fn delete_here(&self, c: &Call, name: &str) -> CallResult<NamespaceInfo> {
         self.core.router().leader().read_barrier().await?;
-        let info = match self.info(c, name) {
-            Ok(i) => i,
-            Err(e) => return Ok(Err(e)),
-        };
+        let info = self.info(c, name)?;
         let delete = DeleteNamespace {
             name: name.to_string(),
         };
-        let u = Update {
-            origin: c.origin(),
-            ..Update::from(Command::DeleteNamespace(delete))
-        };
-        Ok(self.propose_here(&u).await?.map(|_| info))
+        self.propose_here(&c.update(Command::DeleteNamespace(delete)))
+            .await?;
+        Ok(info)
     }
 
     /// ResetNamespace: a new job epoch in namespace `name` (optionally
     /// with `tasks` tasks of job jax_worker), proposed from here.
-    pub async fn reset(&self, c: &Call, name: &str, tasks: u32) -> Result<NamespaceInfo, Status> {
+    pub async fn reset(&self, c: &Call, name: &str, tasks: u32) -> CallResult<NamespaceInfo> {
         let c = c.clone().in_namespace(name);
         let config = (tasks > 0)
             .then(|| {
@@ -198,22 +172,22 @@ impl Namespaces {
         };
         let mut u = c.update(Command::ResetJobEpoch(reset));
         let applied = self.core.propose(&c, &mut u).await?;
-        if let Some(e) = &applied.outcome.error {
-            return Err(domain(e));
+        if let Some(e) = applied.outcome.error {
+            return Err(e.into());
         }
         self.core.parking().wait_applied(applied.log_index).await?;
         self.info(&c, name)
     }
 
     /// GetNamespace (linearizable).
-    pub async fn get(&self, c: &Call, name: &str) -> Result<NamespaceInfo, Status> {
+    pub async fn get(&self, c: &Call, name: &str) -> CallResult<NamespaceInfo> {
         self.core.linearizable(c).await?;
         self.info(c, name)
     }
 
     /// ListNamespaces (linearizable): every namespace that admits the
     /// caller (all of them for an admin).
-    pub async fn list(&self, c: &Call) -> Result<Vec<NamespaceInfo>, Status> {
+    pub async fn list(&self, c: &Call) -> CallResult<Vec<NamespaceInfo>> {
         self.core.linearizable(c).await?;
         let names: Vec<String> = self.core.state(|s| {
             s.namespaces()
@@ -229,7 +203,7 @@ impl Namespaces {
 
     /// ExportNamespace: the namespace's whole state at a linearizable
     /// point, as an export file.
-    pub async fn export(&self, c: &Call, name: &str) -> Result<Vec<u8>, Status> {
+    pub async fn export(&self, c: &Call, name: &str) -> CallResult<Vec<u8>> {
         let index = self.core.linearizable(c).await?;
         let data = self
             .core
@@ -243,17 +217,17 @@ impl Namespaces {
             node.cluster_id(),
             now_ms(),
         );
-        export.encode().map_err(Status::internal)
+        Ok(export.encode().map_err(Status::internal)?)
     }
 
     /// What `ctl ns get` shows of namespace `name` on this node.
-    pub fn info(&self, c: &Call, name: &str) -> Result<NamespaceInfo, Status> {
+    pub fn info(&self, c: &Call, name: &str) -> CallResult<NamespaceInfo> {
         let c = c.clone().in_namespace(name);
         let parked = self.core.parking().parked_in(c.namespace_key());
-        self.core.read(&c, |n| {
+        Ok(self.core.read(&c, |n| {
             let listener = self.listener(name, n.spec().map_or(0, |s| s.port));
             describe(n, parked, listener)
-        })
+        })?)
     }
 
     /// The lowest port of the range no namespace has and this node can
@@ -275,7 +249,7 @@ impl Namespaces {
     fn check_port(&self, port: u32) -> Result<(), Status> {
         if let Some((low, high)) = self.policy.ports {
             if !(u32::from(low)..=u32::from(high)).contains(&port) {
-                return Err(domain(&journal::namespace::port_outside(
+                return Err(plain(&journal::namespace::port_outside(
                     port,
                     u32::from(low),
                     u32::from(high),
@@ -283,7 +257,7 @@ impl Namespaces {
             }
         }
         if let Some(by) = self.used_ports().get(&port) {
-            return Err(domain(&journal::namespace::port_taken(port, by)));
+            return Err(plain(&journal::namespace::port_taken(port, by)));
         }
         if !self.can_bind(port) {
             return Err(Status::failed_precondition(format!(
@@ -391,24 +365,34 @@ fn nonzero(v: u64) -> Option<u64> {
     (v != 0).then_some(v)
 }
 
-/// Namespace `n` as `ctl ns get` shows it.
-fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
-    let config = n.config().cloned().unwrap_or_default();
-    let spec = n.spec().cloned().unwrap_or_default();
+/// A namespace's settings as the wire has them, from its configuration
+/// and spec (a JAX job as `tasks`, TensorFlow-style jobs by name).
+fn settings_of(config: &ClusterConfig, spec: &NamespaceSpec) -> NamespaceSettings {
     let tf_jobs = !(config.jobs.len() == 1 && config.jobs[0].name == journal::JAX_JOB);
-    let settings = NamespaceSettings {
-        jobs: if tf_jobs {
-            config
-                .jobs
+    let jobs = match tf_jobs {
+        true => config
+            .jobs
+            .iter()
+            .map(|j| JobCount {
+                name: j.name.clone(),
+                count: j.count,
+            })
+            .collect(),
+        false => Vec::new(),
+    };
+    let tf_cluster_spec = match spec.tf_addresses.is_empty() {
+        true => String::new(),
+        false => {
+            let jobs: BTreeMap<&String, &Vec<String>> = spec
+                .tf_addresses
                 .iter()
-                .map(|j| JobCount {
-                    name: j.name.clone(),
-                    count: j.count,
-                })
-                .collect()
-        } else {
-            Vec::new()
-        },
+                .map(|(j, a)| (j, &a.addresses))
+                .collect();
+            serde_json::to_string(&jobs).unwrap_or_default()
+        }
+    };
+    NamespaceSettings {
+        jobs,
         tasks: if tf_jobs { 0 } else { config.jobs[0].count },
         heartbeat_timeout_ms: Some(config.heartbeat_timeout_ms),
         register_timeout_ms: Some(config.register_timeout_ms),
@@ -416,23 +400,20 @@ fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
         register_with_barrier: Some(config.register_with_barrier),
         recoverable: config.recoverable,
         notify_tasks: Some(config.notify_tasks),
-        tf_cluster_spec: if spec.tf_addresses.is_empty() {
-            String::new()
-        } else {
-            let jobs: BTreeMap<&String, &Vec<String>> = spec
-                .tf_addresses
-                .iter()
-                .map(|(j, a)| (j, &a.addresses))
-                .collect();
-            serde_json::to_string(&jobs).unwrap_or_default()
-        },
+        tf_cluster_spec,
         max_keys: nonzero(config.max_keys),
         max_bytes: nonzero(spec.max_bytes),
         max_parked_calls: nonzero(spec.max_parked_calls),
         allow_client_names: spec.allow_client_names.clone(),
         ttl_ms: nonzero(spec.ttl_ms),
         port: spec.port,
-    };
+    }
+}
+
+/// Namespace `n` as `ctl ns get` shows it.
+fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
+    let spec = n.spec().cloned().unwrap_or_default();
+    let settings = settings_of(&n.config().cloned().unwrap_or_default(), &spec);
     let c = n.coordination().stats();
     let d = n.dispatcher();
     NamespaceInfo {

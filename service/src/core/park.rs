@@ -215,6 +215,10 @@ impl Parking {
                 self.max_parked
             )));
         }
+        debug_assert!(
+            KINDS.contains(&kind),
+            "a parked call of a known kind: {kind}"
+        );
         let kind = &self.by_kind[kind_index(kind)];
         kind.fetch_add(1, Ordering::Relaxed);
         Ok(Counted {
@@ -226,7 +230,12 @@ impl Parking {
 
     fn uncount_namespace(&self, ns: &str) {
         let mut by_ns = self.namespaces();
-        if let Some(n) = by_ns.get_mut(ns) {
+        let counted = by_ns.get_mut(ns);
+        debug_assert!(
+            counted.as_deref().is_some_and(|n| *n > 0),
+            "a call uncounted in namespace {ns:?} was counted there"
+        );
+        if let Some(n) = counted {
             *n -= 1;
             if *n == 0 {
                 by_ns.remove(ns);
@@ -249,8 +258,12 @@ struct Counted<'a> {
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        self.kind.fetch_sub(1, Ordering::Relaxed);
-        self.parking.parked.fetch_sub(1, Ordering::Relaxed);
+        let kind = self.kind.fetch_sub(1, Ordering::Relaxed);
+        let all = self.parking.parked.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(
+            kind > 0 && all > 0,
+            "a parked call counted once, uncounted once"
+        );
         self.parking.uncount_namespace(&self.ns);
     }
 }

@@ -22,8 +22,13 @@ use raft::{Applied, RaftNode};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::call::{forwarded, stamp, Call};
+use super::call::{wire_origin, Call, CallError, CallResult};
 use super::leader::{LocalLeader, Retry};
+
+/// gRPC metadata key marking a call forwarded by another node; such a call
+/// is never forwarded again (no forwarding loops while leadership moves).
+/// A client can set it too: all it gets is an UNAVAILABLE from a follower.
+pub const FORWARDED: &str = "x-coordstore-forwarded";
 
 /// Pause between attempts while no leader is reachable.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -77,6 +82,7 @@ impl ReadRounds {
     /// (and no round out) when none waits.
     fn next_batch(&self) -> Option<ReadBatch> {
         let mut q = self.lock();
+        debug_assert!(q.asking, "only the round out takes the next batch");
         match q.leader.take() {
             Some(ch) if !q.waiting.is_empty() => Some((ch, std::mem::take(&mut q.waiting))),
             _ => {
@@ -219,14 +225,22 @@ impl Router {
         call: &Call,
         local: L,
         remote: R,
-    ) -> Result<T, Status>
+    ) -> CallResult<T>
     where
         L: FnMut() -> LF,
-        LF: Future<Output = Result<T, Retry>>,
+        LF: Future<Output = CallResult<T>>,
         R: FnMut(Channel) -> RF,
-        RF: Future<Output = Result<T, Status>>,
+        RF: Future<Output = CallResult<T>>,
     {
         self.on_leader_with(call, true, local, remote).await
+    }
+
+    /// `call` with an origin, so that every attempt of it, here or
+    /// forwarded, is one exactly-once write: the caller's origin, or one
+    /// drawn on one of this node's lanes, held until the returned lane
+    /// drops (when the call is over). The one place an origin is drawn.
+    pub fn exactly_once(&self, call: &Call) -> (Call, Option<proto::origin::Lane>) {
+        call.with_origin(&self.lanes)
     }
 
     /// [`Router::on_leader`]; a `bounded` forward takes one of the
@@ -238,14 +252,15 @@ impl Router {
         bounded: bool,
         mut local: L,
         mut remote: R,
-    ) -> Result<T, Status>
+    ) -> CallResult<T>
     where
         L: FnMut() -> LF,
-        LF: Future<Output = Result<T, Retry>>,
+        LF: Future<Output = CallResult<T>>,
         R: FnMut(Channel) -> RF,
-        RF: Future<Output = Result<T, Status>>,
+        RF: Future<Output = CallResult<T>>,
     {
-        let deadline = Instant::now() + self.leader_wait;
+        let (deadline, callers) = self.attempts_end(call);
+        debug_assert!(!callers || call.deadline() == Some(deadline));
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let why = match self.route() {
@@ -253,15 +268,16 @@ impl Router {
                 // from its quorum would hold it forever); the retry after it
                 // is exactly-once by origin.
                 Ok(Route::Local) => match tokio::time::timeout(left, local()).await {
-                    Ok(Ok(v)) => return Ok(v),
-                    Ok(Err(Retry(why))) => why,
+                    Ok(Err(CallError::Retry(why))) => why,
+                    Ok(answer) => return answer,
                     Err(_) => "the leader did not commit in time".to_string(),
                 },
                 Ok(Route::Remote(_)) | Err(_) if call.forwarded() => {
                     return Err(Status::unavailable(format!(
                         "node {} is not the leader",
                         self.node().id()
-                    )))
+                    ))
+                    .into())
                 }
                 Ok(Route::Remote(ch)) => match tokio::time::timeout(left, async {
                     let _slot = match bounded {
@@ -272,21 +288,45 @@ impl Router {
                 })
                 .await
                 {
-                    Ok(Ok(v)) => return Ok(v),
-                    Ok(Err(s)) if retryable(&s) => format!("forwarding failed: {}", s.message()),
-                    Ok(Err(s)) => return Err(s),
+                    Ok(Err(CallError::Status(s))) if retryable(&s) => {
+                        format!("forwarding failed: {}", s.message())
+                    }
+                    Ok(Err(CallError::Retry(why))) => why,
+                    Ok(answer) => return answer,
                     Err(_) => "the leader did not answer in time".to_string(),
                 },
                 Err(Retry(why)) => why,
             };
             if Instant::now() >= deadline {
-                return Err(Status::unavailable(format!(
-                    "no leader could serve the call within {} ms: {why}",
-                    self.leader_wait.as_millis()
-                )));
+                return Err(self.gave_up(callers, &why).into());
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }
+    }
+
+    /// When the attempts of `call` end: after the leader wait, or at the
+    /// caller's deadline if that comes first (`true` then).
+    fn attempts_end(&self, call: &Call) -> (Instant, bool) {
+        let wait = Instant::now() + self.leader_wait;
+        match call.deadline() {
+            Some(d) if d < wait => (d, true),
+            _ => (wait, false),
+        }
+    }
+
+    /// The status of a call whose attempts ended (see
+    /// [`Router::attempts_end`]): DEADLINE_EXCEEDED at the caller's
+    /// deadline, UNAVAILABLE after the leader wait.
+    fn gave_up(&self, callers: bool, why: &str) -> Status {
+        if callers {
+            return Status::deadline_exceeded(format!(
+                "the caller's deadline passed before a leader served the call: {why}"
+            ));
+        }
+        Status::unavailable(format!(
+            "no leader could serve the call within {} ms: {why}",
+            self.leader_wait.as_millis()
+        ))
     }
 
     /// Proposes `u` (stamping an origin if it has none and, on the leader,
@@ -299,17 +339,24 @@ impl Router {
         super::levels::require(self.node(), u.required_level(), || describe(u)).await?;
         let t0 = Instant::now();
         self.metrics.proposals.inc();
-        let _lane = stamp(u, &self.lanes);
+        let (call, _lane) = self.exactly_once(call);
+        if u.origin.is_none() {
+            u.origin = call.origin();
+        }
         let u = &*u;
+        let call = &call;
         let r = self
             .on_leader(
                 call,
-                || self.leader.propose(u),
+                || async { Ok(self.leader.propose(u).await?) },
                 |ch| {
                     // Encoded for a forward only: the leader proposes `u` itself.
-                    let req = forwarded(ProposeRequest {
-                        update: u.encode_to_vec().into(),
-                    });
+                    let req = forward(
+                        call,
+                        ProposeRequest {
+                            update: u.encode_to_vec().into(),
+                        },
+                    );
                     let mut client = self.node_client(ch);
                     async move {
                         let reply = client.propose(req).await?.into_inner();
@@ -324,7 +371,8 @@ impl Router {
                     }
                 },
             )
-            .await;
+            .await
+            .map_err(CallError::into_plain_status);
         let took = t0.elapsed();
         if r.is_ok() {
             self.metrics.seconds.observe(took.as_secs_f64());
@@ -351,10 +399,11 @@ impl Router {
         self.on_leader_with(
             call,
             false,
-            || self.leader.read_barrier(),
-            |ch| self.forwarded_read(ch),
+            || async { Ok(self.leader.read_barrier().await?) },
+            |ch| async move { Ok(self.forwarded_read(ch).await?) },
         )
         .await
+        .map_err(CallError::into_plain_status)
     }
 
     /// A read index from the leader at `ch`, asked after this call: the
@@ -396,6 +445,34 @@ fn describe(u: &Update) -> String {
         "" => u.command_name(),
         ns => format!("{} in namespace {ns}", u.command_name()),
     }
+}
+
+/// A request marked as forwarded by this node.
+fn forwarded<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert(FORWARDED, "1".parse().expect("ascii"));
+    req
+}
+
+/// `msg` as `call` forwarded to the leader: marked forwarded, with the
+/// call's origin, namespace and what is left of its deadline.
+pub fn forward<M>(call: &Call, msg: M) -> tonic::Request<M> {
+    let mut req = forwarded(msg);
+    if let Some(o) = call.origin() {
+        if let Ok(v) = wire_origin(o).header_value().parse() {
+            req.metadata_mut().insert(super::call::ORIGIN_HEADER, v);
+        }
+    }
+    if !call.namespace_key().is_empty() {
+        if let Ok(v) = call.namespace().parse() {
+            req.metadata_mut().insert(super::call::NAMESPACE_HEADER, v);
+        }
+    }
+    if let Some(d) = call.deadline() {
+        req.set_timeout(d.saturating_duration_since(Instant::now()));
+    }
+    req
 }
 
 /// A Node API client on `ch` with `max` bytes per message either way.

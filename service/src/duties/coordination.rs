@@ -15,7 +15,7 @@ use journal::{coordination::HeartbeatCheck, DomainError, Update};
 
 use super::push::ErrorPusher;
 use super::{Duty, DutyFuture};
-use crate::core::{now_ms, LocalLeader, Retry};
+use crate::core::{now_ms, CallResult, LocalLeader, Retry};
 
 /// A task of a namespace (its key: "" for the default one).
 type NsTask = (String, u32);
@@ -72,11 +72,9 @@ impl CoordinationDuty {
         ns: &str,
         task: u32,
         incarnation: u64,
-    ) -> Result<Result<(), DomainError>, Retry> {
+    ) -> CallResult<()> {
         if !leader.leader_heard_recently() {
-            return Err(Retry(
-                "this leader has not heard from a quorum recently".into(),
-            ));
+            return Err(Retry("this leader has not heard from a quorum recently".into()).into());
         }
         let check = || {
             leader.node().state().read(|s| match s.namespace(ns) {
@@ -97,7 +95,7 @@ impl CoordinationDuty {
                 verdict = check();
             }
         }
-        Ok(match verdict {
+        let answer: Result<(), DomainError> = match verdict {
             HeartbeatCheck::Accept => {
                 self.touch(ns, task);
                 Ok(())
@@ -111,7 +109,8 @@ impl CoordinationDuty {
                     None => Err(e),
                 }
             }
-        })
+        };
+        Ok(answer?)
     }
 
     /// Whether the leader looks for tasks whose heartbeats stopped now
@@ -127,14 +126,6 @@ impl CoordinationDuty {
     }
 
     async fn fire_timers(&self, leader: &LocalLeader) {
-        // Per namespace: its connected tasks (read only when the liveness
-        // look is due), its heartbeat timeout, its pending barrier deadlines.
-        type Due = (
-            String,
-            Vec<(u32, u64)>,
-            u64,
-            Vec<journal::coordination::BarrierDeadline>,
-        );
         let now = Instant::now();
         let min_timeout_ms = leader.node().state().read(|s| {
             s.namespaces()
@@ -144,43 +135,11 @@ impl CoordinationDuty {
                 .unwrap_or(0)
         });
         let scan = self.scan_due(min_timeout_ms, now);
-        let namespaces: Vec<Due> = leader.node().state().read(|s| {
-            s.namespaces()
-                .map(|n| {
-                    let c = n.coordination();
-                    let timeout_ms = n.config().map_or(0, |c| c.heartbeat_timeout_ms);
-                    let deadlines = c.pending_barrier_deadlines();
-                    let connected = if scan {
-                        c.connected_tasks()
-                    } else {
-                        Vec::new()
-                    };
-                    (n.key().to_string(), connected, timeout_ms, deadlines)
-                })
-                .collect()
-        });
-        let mut stale: Vec<(String, Vec<u32>)> = Vec::new();
-        if scan {
-            let mut seen = self.seen();
-            let connected: std::collections::HashSet<(&str, u32)> = namespaces
-                .iter()
-                .flat_map(|(ns, c, _, _)| c.iter().map(move |(t, _)| (ns.as_str(), *t)))
-                .collect();
-            seen.retain(|(ns, t), _| connected.contains(&(ns.as_str(), *t)));
-            for (ns, connected, timeout_ms, _) in &namespaces {
-                let late: Vec<u32> = connected
-                    .iter()
-                    .filter_map(|&(task, _)| {
-                        let last = *seen.entry((ns.clone(), task)).or_insert(now);
-                        let timeout = Duration::from_millis(*timeout_ms);
-                        (*timeout_ms > 0 && now.duration_since(last) > timeout).then_some(task)
-                    })
-                    .collect();
-                if !late.is_empty() {
-                    stale.push((ns.clone(), late));
-                }
-            }
-        }
+        let namespaces = timers_due(leader, scan);
+        let stale = match scan {
+            true => self.stale_tasks(&namespaces, now),
+            false => Vec::new(),
+        };
         for (ns, tasks) in stale {
             let name = journal::namespace::namespace_name(&ns);
             tracing::warn!(namespace = name, ?tasks, "tasks stopped sending heartbeats");
@@ -190,17 +149,72 @@ impl CoordinationDuty {
         let now_ms = now_ms();
         for (ns, _, _, deadlines) in namespaces {
             for d in deadlines.into_iter().filter(|d| d.deadline_ms <= now_ms) {
-                let update = in_namespace(
-                    &ns,
-                    BarrierExpire {
-                        id: d.id,
-                        counter: d.counter,
-                    },
-                );
-                super::propose(self.name(), leader, &update).await;
+                let expire = BarrierExpire {
+                    id: d.id,
+                    counter: d.counter,
+                };
+                super::propose(self.name(), leader, &in_namespace(&ns, expire)).await;
             }
         }
     }
+
+    /// The tasks of each namespace in `namespaces` whose heartbeats stopped
+    /// longer ago than its timeout (first seen now, if never).
+    fn stale_tasks(&self, namespaces: &[Due], now: Instant) -> Vec<(String, Vec<u32>)> {
+        let mut seen = self.seen();
+        let connected: std::collections::HashSet<(&str, u32)> = namespaces
+            .iter()
+            .flat_map(|(ns, c, _, _)| c.iter().map(move |(t, _)| (ns.as_str(), *t)))
+            .collect();
+        seen.retain(|(ns, t), _| connected.contains(&(ns.as_str(), *t)));
+        let mut stale = Vec::new();
+        for (ns, connected, timeout_ms, _) in namespaces {
+            let timeout = Duration::from_millis(*timeout_ms);
+            let late: Vec<u32> = connected
+                .iter()
+                .filter_map(|&(task, _)| {
+                    let last = *seen.entry((ns.clone(), task)).or_insert(now);
+                    (*timeout_ms > 0 && now.duration_since(last) > timeout).then_some(task)
+                })
+                .collect();
+            if !late.is_empty() {
+                stale.push((ns.clone(), late));
+            }
+        }
+        stale
+    }
+}
+
+/// Per namespace (its key): its connected tasks (read only when the
+/// liveness look is due), its heartbeat timeout, its pending barrier
+/// deadlines.
+type Due = (
+    String,
+    Vec<(u32, u64)>,
+    u64,
+    Vec<journal::coordination::BarrierDeadline>,
+);
+
+/// What the timers of every namespace need now (see [`Due`]).
+fn timers_due(leader: &LocalLeader, scan: bool) -> Vec<Due> {
+    leader.node().state().read(|s| {
+        s.namespaces()
+            .map(|n| {
+                let c = n.coordination();
+                let timeout_ms = n.config().map_or(0, |c| c.heartbeat_timeout_ms);
+                let connected = match scan {
+                    true => c.connected_tasks(),
+                    false => Vec::new(),
+                };
+                (
+                    n.key().to_string(),
+                    connected,
+                    timeout_ms,
+                    c.pending_barrier_deadlines(),
+                )
+            })
+            .collect()
+    })
 }
 
 /// The update of `command` in namespace `ns` (its key).

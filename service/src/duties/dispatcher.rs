@@ -226,33 +226,8 @@ impl DispatcherDuty {
             }
             *last = Some(now);
         }
-        let timeout = Duration::from_millis(self.config.client_timeout_ms);
-        let mut active: Vec<In<i64>> = Vec::new();
-        let mut idle: Vec<(String, i64, u64)> = Vec::new();
-        let mut known: Vec<In<String>> = Vec::new();
-        leader.node().state().read(|s| {
-            for n in s.namespaces() {
-                let (ns, d) = (n.key(), n.dispatcher());
-                known.extend(d.workers().map(|w| (ns.to_string(), w.address.clone())));
-                active.extend(
-                    d.clients()
-                        .filter(|(_, it)| d.iteration(*it).is_some_and(|it| !it.finished))
-                        .map(|(c, _)| (ns.to_string(), c)),
-                );
-                idle.extend(
-                    d.iterations()
-                        .filter(|it| {
-                            !it.finished
-                                && !it.garbage_collected
-                                && it.num_clients == 0
-                                && it.last_released_ms != 0
-                                && it.split_provider.is_none()
-                        })
-                        .map(|it| (ns.to_string(), it.id, it.last_released_ms)),
-                );
-            }
-        });
-        for (ns, worker) in self.lost_workers(known, now) {
+        let watched = leader.node().state().read(Watched::of);
+        for (ns, worker) in self.lost_workers(watched.workers, now) {
             tracing::warn!(
                 namespace = journal::namespace::namespace_name(&ns),
                 worker,
@@ -260,21 +235,7 @@ impl DispatcherDuty {
                 "a tf.data worker stopped heartbeating; it is lost (its tasks are kept, as upstream)"
             );
         }
-        let stale: Vec<In<i64>> = {
-            let mut clients = self.clients();
-            let live: std::collections::HashSet<&In<i64>> = active.iter().collect();
-            clients.retain(|c, _| live.contains(c));
-            active
-                .iter()
-                .filter(|c| {
-                    // A client this leader never heard of counts as seen now.
-                    let seen = clients.entry((*c).clone()).or_insert(Some(now));
-                    seen.is_some_and(|t| now.duration_since(t) > timeout)
-                })
-                .cloned()
-                .collect()
-        };
-        for (ns, client) in stale {
+        for (ns, client) in self.stale_clients(&watched.clients, now) {
             tracing::info!(
                 namespace = journal::namespace::namespace_name(&ns),
                 client,
@@ -286,6 +247,29 @@ impl DispatcherDuty {
             let update = in_namespace(&ns, release);
             super::propose(self.name(), leader, &update).await;
         }
+        self.collect_idle(leader, watched.idle).await;
+    }
+
+    /// The clients of `active` unheard of for the client timeout (one this
+    /// leader never heard of counts as seen now); forgets the others.
+    fn stale_clients(&self, active: &[In<i64>], now: Instant) -> Vec<In<i64>> {
+        let timeout = Duration::from_millis(self.config.client_timeout_ms);
+        let mut clients = self.clients();
+        let live: std::collections::HashSet<&In<i64>> = active.iter().collect();
+        clients.retain(|c, _| live.contains(c));
+        active
+            .iter()
+            .filter(|c| {
+                let seen = clients.entry((*c).clone()).or_insert(Some(now));
+                seen.is_some_and(|t| now.duration_since(t) > timeout)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Garbage collects the `idle` iterations released longer ago than the
+    /// GC timeout (none with a timeout of 0).
+    async fn collect_idle(&self, leader: &LocalLeader, idle: Vec<(String, i64, u64)>) {
         if self.config.gc_timeout_ms == 0 {
             return;
         }
@@ -301,6 +285,44 @@ impl DispatcherDuty {
             };
             super::propose(self.name(), leader, &in_namespace(&ns, gc)).await;
         }
+    }
+}
+
+/// What the timeouts watch, over every namespace: the clients of running
+/// iterations, the iterations without clients (and when they lost their
+/// last), the workers.
+#[derive(Default)]
+struct Watched {
+    clients: Vec<In<i64>>,
+    idle: Vec<(String, i64, u64)>,
+    workers: Vec<In<String>>,
+}
+
+impl Watched {
+    fn of(s: &journal::State) -> Watched {
+        let mut w = Watched::default();
+        for n in s.namespaces() {
+            let (ns, d) = (n.key(), n.dispatcher());
+            w.workers
+                .extend(d.workers().map(|x| (ns.to_string(), x.address.clone())));
+            w.clients.extend(
+                d.clients()
+                    .filter(|(_, it)| d.iteration(*it).is_some_and(|it| !it.finished))
+                    .map(|(c, _)| (ns.to_string(), c)),
+            );
+            w.idle.extend(
+                d.iterations()
+                    .filter(|it| {
+                        !it.finished
+                            && !it.garbage_collected
+                            && it.num_clients == 0
+                            && it.last_released_ms != 0
+                            && it.split_provider.is_none()
+                    })
+                    .map(|it| (ns.to_string(), it.id, it.last_released_ms)),
+            );
+        }
+        w
     }
 }
 

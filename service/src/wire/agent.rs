@@ -28,13 +28,18 @@ dialect! {
         type WatchStream = WatchStream;
 
         async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
-            let c = Call::from_request(&req)?;
-            let not_ready = |e: crate::core::CallError| e.into_status(|d| tf::errors(&self.area, &c, d));
-            self.area.ready(&c).await.map_err(not_ready)?;
-            let r = req.into_inner();
-            let watch = self.area.watch(&c, &r.key, r.is_directory, r.start_revision).await;
-            let rx = watch.map_err(|e| e.into_status(|d| tf::errors(&self.area, &c, d)))?;
-            Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            let a = &self.area;
+            let errors = |c: &Call, d: &journal::DomainError| tf::errors(a, c, d);
+            let configured = super::door(crate::core::Access::Configured);
+            super::serve(a.core(), req, configured, errors, |c, r| async move {
+                let watch = a.watch(&c, &r.key, r.is_directory, r.start_revision).await;
+                let stream: WatchStream = match watch {
+                    Ok(rx) => Box::pin(ReceiverStream::new(rx)),
+                    Err(e) => return (c, Err(e)),
+                };
+                (c, Ok(stream))
+            })
+            .await
         }
     }
 }

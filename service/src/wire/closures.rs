@@ -11,7 +11,7 @@ use proto::coordstore::closure_queue_server::{ClosureQueue, ClosureQueueServer};
 use proto::coordstore::*;
 use tonic::{Request, Response, Status};
 
-use crate::areas::closures::Closures;
+use crate::areas::closures::{status as domain_status, Closures};
 use crate::core::Call;
 
 /// The closure-queue service of one node.
@@ -43,9 +43,14 @@ macro_rules! queue {
         impl ClosureQueue for ClosureApi {
             $(
                 async fn $method(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
-                    let c = Call::from_request(&req)?;
-                    self.area.admit(&c).await?;
-                    $method(&self.area, &c, req.into_inner()).await.map(Response::new)
+                    let a = &self.area;
+                    let in_namespace = super::door(crate::core::Access::Namespace);
+                    let errors = |_: &Call, d: &journal::DomainError| domain_status(d);
+                    super::serve(a.core(), req, in_namespace, errors, |c, r| async move {
+                        let answer = $method(a, &c, r).await.map_err(crate::core::CallError::from);
+                        (c, answer)
+                    })
+                    .await
                 }
             )*
         }

@@ -17,6 +17,7 @@
 
 pub mod agent;
 pub mod closures;
+pub mod context;
 pub mod node;
 pub mod tf;
 pub mod tfdata;
@@ -31,7 +32,7 @@ use proto::payloads::GrpcPayloadContainer;
 use tonic::{Code, Request, Response, Status};
 
 use crate::areas::coordination::Coordination;
-use crate::core::{Call, CallResult};
+use crate::core::{Access, Call, CallResult, Core};
 
 /// The area the coordination dialects (xla, tf, agent) call.
 pub(crate) type Area = Coordination;
@@ -113,30 +114,70 @@ pub(crate) fn payloads(
     payloads
 }
 
-/// The domain errors of a coordination dialect on its wire.
-pub(crate) type Errors = fn(&Area, &Call, &DomainError) -> Status;
+/// Where a call is admitted: what it needs ([`Access`]) and, for a call
+/// that names its namespace in its message rather than in its metadata
+/// (the Node API's namespace views), that namespace.
+pub(crate) struct Door {
+    access: Access<'static>,
+    namespace: Option<String>,
+}
 
-/// Serves one coordination call, the shape every coordination handler
-/// shares: reads the call's context (a malformed origin is INVALID_ARGUMENT
-/// before anything happens), waits until the service is configured, runs
-/// `body`, and encodes a failure with the dialect's `errors`.
-pub(crate) async fn serve<Req, Resp, Fut>(
-    area: &Area,
+impl Door {
+    /// The call's own namespace, admitted for `access`.
+    pub(crate) fn at(access: Access<'static>) -> Door {
+        Door {
+            access,
+            namespace: None,
+        }
+    }
+
+    /// Namespace `name` (named in the message), admitted for `access`.
+    pub(crate) fn into_namespace(name: &str, access: Access<'static>) -> Door {
+        Door {
+            access,
+            namespace: Some(name.to_string()),
+        }
+    }
+}
+
+/// The door of a service whose calls all need `access`, the message passed
+/// on as it is.
+pub(crate) fn door<Req>(
+    access: Access<'static>,
+) -> impl FnOnce(Req) -> Result<(Door, Req), Status> {
+    move |r| Ok((Door::at(access), r))
+}
+
+/// Serves one call of any gRPC service of this node: the one pipeline
+/// every call runs. The call's context is read from the request's metadata
+/// (`context::call_of`; a malformed header is INVALID_ARGUMENT before
+/// anything happens); `door` reads the message into what `body` takes and
+/// says where the call is admitted; the call is admitted there
+/// (`Core::admit`, the one rule); `body` runs it (the dialect's own
+/// precondition, then the area); and a failure is encoded with the
+/// dialect's `errors`.
+pub(crate) async fn serve<Req, In, Resp, Fut>(
+    core: &Core,
     req: Request<Req>,
-    errors: Errors,
-    body: impl FnOnce(Area, Call, Req) -> Fut,
+    door: impl FnOnce(Req) -> Result<(Door, In), Status>,
+    errors: impl Fn(&Call, &DomainError) -> Status,
+    body: impl FnOnce(Call, In) -> Fut,
 ) -> Result<Response<Resp>, Status>
 where
     Fut: Future<Output = (Call, CallResult<Resp>)>,
 {
-    let call = Call::from_request(&req)?;
-    if let Err(e) = area.ready(&call).await {
-        return Err(e.into_status(|d| errors(area, &call, d)));
+    let mut call = context::call_of(&req)?;
+    let (door, input) = door(req.into_inner())?;
+    if let Some(name) = &door.namespace {
+        call = call.in_namespace(name);
     }
-    let (call, answer) = body(area.clone(), call, req.into_inner()).await;
+    if let Err(e) = core.admit(&call, door.access).await {
+        return Err(e.into_status(|d| errors(&call, d)));
+    }
+    let (call, answer) = body(call, input).await;
     answer
         .map(Response::new)
-        .map_err(|e| e.into_status(|d| errors(area, &call, d)))
+        .map_err(|e| e.into_status(|d| errors(&call, d)))
 }
 
 /// Writes a coordination dialect's gRPC service: the service (a struct over
@@ -205,10 +246,13 @@ macro_rules! dialect {
                     &self,
                     req: tonic::Request<$req>,
                 ) -> Result<tonic::Response<$resp>, tonic::Status> {
-                    crate::wire::serve(&self.area, req, $errors, |a, c, r| async move {
+                    let a = &self.area;
+                    let errors = |c: &crate::core::Call, d: &journal::DomainError| $errors(a, c, d);
+                    let configured = crate::wire::door(crate::core::Access::Configured);
+                    crate::wire::serve(a.core(), req, configured, errors, |c, r| async move {
                         let answer = async {
-                            $admit(&a, &c, &r).await?;
-                            $method(&a, &c, r).await
+                            $admit(a, &c, &r).await?;
+                            $method(a, &c, r).await
                         }
                         .await;
                         (c, answer)

@@ -12,13 +12,14 @@
 //!   only commands a client may issue, whatever headers the request carries
 //!   (see [`check_external`]).
 //!
-//! Every method first reads its call's context and admits it for what the
-//! method needs ([`Access`], through [`Core::admit`]: the rule every service
-//! runs): the status and a read index are open to anyone who reached the
-//! port; a namespace's views and data admit its own clients and the admins;
-//! the cluster verbs (namespace create, delete, reset, export and import, a
-//! job epoch reset, the whole state for a backup, membership changes) admit
-//! only the admins.
+//! Every method runs the one pipeline of every service (`super::serve`):
+//! the call's context, its admission for what the method needs ([`Access`],
+//! through [`Core::admit`]), the method's body, the error as its status.
+//! What each needs: the status and a read index are open to anyone who
+//! reached the port; a namespace's views and data admit its own clients and
+//! the admins; the cluster verbs (namespace create, delete, reset, export
+//! and import, a job epoch reset, the whole state for a backup, membership
+//! changes) admit only the admins.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,15 +32,21 @@ use proto::coordstore::*;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use super::{door, serve, Door};
 use crate::areas::coordination::Coordination;
+use crate::core::call::plain;
 use crate::core::namespaces::Namespaces;
-use crate::core::{Access, Call, Core, Retry};
+use crate::core::router::forward;
+use crate::core::{Access, Call, CallError, CallResult, Core, Retry};
 
 /// The `Node` service of one node.
 pub struct NodeApi {
     area: Coordination,
     namespaces: Arc<Namespaces>,
 }
+
+/// What a Node API method answers.
+type Reply<T> = Result<Response<T>, Status>;
 
 impl NodeApi {
     /// The tonic service.
@@ -57,6 +64,25 @@ impl NodeApi {
         self.area.core()
     }
 
+    /// Serves `req` through the pipeline (see the module), admitted at the
+    /// door `at` chooses; a domain error is its code and message.
+    async fn call<Req, In, Resp, Fut>(
+        &self,
+        req: Request<Req>,
+        at: impl FnOnce(Req) -> Result<(Door, In), Status>,
+        body: impl FnOnce(Call, In) -> Fut,
+    ) -> Reply<Resp>
+    where
+        Fut: Future<Output = CallResult<Resp>>,
+    {
+        let errors = |_: &Call, d: &journal::DomainError| plain(d);
+        serve(self.core(), req, at, errors, |c, r| async move {
+            let answer = body(c.clone(), r).await;
+            (c, answer)
+        })
+        .await
+    }
+
     /// Runs `local` on the leader (after a read barrier there when `read`),
     /// or `remote` against the leader's Node API with the request forwarded.
     async fn on_leader<Req: Clone, T, L, LF, R, RF>(
@@ -66,10 +92,10 @@ impl NodeApi {
         read: bool,
         local: L,
         remote: R,
-    ) -> Result<Response<T>, Status>
+    ) -> CallResult<T>
     where
         L: Fn(Req) -> LF,
-        LF: Future<Output = Result<T, Retry>>,
+        LF: Future<Output = CallResult<T>>,
         R: Fn(NodeClient<Channel>, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<T>, Status>>,
     {
@@ -81,76 +107,54 @@ impl NodeApi {
             local(r.clone()).await
         };
         let run_remote = |ch| {
-            let sent = remote(router.node_client(ch), c.forward(r.clone()));
-            async move { sent.await.map(Response::into_inner) }
+            let sent = remote(router.node_client(ch), forward(c, r.clone()));
+            async move { Ok(sent.await?.into_inner()) }
         };
-        router
-            .on_leader(c, run_local, run_remote)
-            .await
-            .map(Response::new)
+        router.on_leader(c, run_local, run_remote).await
     }
 
-    /// Runs a namespace lifecycle call `c` on the leader: `local` here, or
-    /// the whole call forwarded; the call carries one origin in every
-    /// attempt.
-    async fn namespace_call<Req: Clone, L, LF, R, RF>(
+    /// Runs a namespace lifecycle call on the leader: `local` here, or the
+    /// whole call forwarded; the call carries one origin in every attempt.
+    /// While the cluster runs below the namespaces' journal level it is
+    /// refused here, before anything is forwarded (`what` names it; see
+    /// [`crate::core::levels`]).
+    async fn lifecycle<Req: Clone, L, LF, R, RF>(
         &self,
-        call: Call,
+        what: &str,
+        c: &Call,
         r: Req,
         local: L,
         remote: R,
-    ) -> Result<Response<NamespaceInfo>, Status>
+    ) -> CallResult<NamespaceInfo>
     where
         L: Fn(Call, Req) -> LF,
-        LF: Future<Output = Result<Result<NamespaceInfo, Status>, Retry>>,
+        LF: Future<Output = CallResult<NamespaceInfo>>,
         R: Fn(NodeClient<Channel>, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<NamespaceInfo>, Status>>,
     {
-        let (c, _lane) = call.with_origin(self.core().router().lanes());
+        let need = journal::LEVEL_NAMESPACES;
+        crate::core::levels::require(self.core().node(), need, || what.to_string()).await?;
         let router = self.core().router();
-        let answer = router
+        let (c, _lane) = router.exactly_once(c);
+        router
             .on_leader(
                 &c,
                 || local(c.clone(), r.clone()),
                 |ch| {
-                    let sent = remote(router.node_client(ch), c.forward(r.clone()));
-                    async move { sent.await.map(|resp| Ok(resp.into_inner())) }
+                    let sent = remote(router.node_client(ch), forward(&c, r.clone()));
+                    async move { Ok(sent.await?.into_inner()) }
                 },
             )
-            .await?;
-        answer.map(Response::new)
-    }
-
-    /// Refuses namespace lifecycle call `what` (forwarded whole to the
-    /// leader, so checked here first) while the cluster runs below the
-    /// namespaces' journal level (see [`crate::core::levels`]).
-    async fn namespaces_level(&self, what: &str) -> Result<(), Status> {
-        let need = journal::LEVEL_NAMESPACES;
-        crate::core::levels::require(self.core().node(), need, || what.to_string()).await
-    }
-
-    /// The context of `req`'s call (in namespace `namespace` when the
-    /// request names one in its body), admitted for `access` (see
-    /// [`Core::admit`]): every method of this API passes here first.
-    async fn admitted<T>(
-        &self,
-        req: &Request<T>,
-        namespace: Option<&str>,
-        access: Access<'_>,
-    ) -> Result<Call, Status> {
-        let mut c = Call::from_request(req)?;
-        if let Some(name) = namespace {
-            c = c.in_namespace(name);
-        }
-        let plain = |d: &journal::DomainError| {
-            Status::new(tonic::Code::from_i32(d.code), d.message.clone())
-        };
-        self.core()
-            .admit(&c, access)
             .await
-            .map_err(|e| e.into_status(plain))?;
-        Ok(c)
     }
+}
+
+/// The door of a call in the namespace its message names.
+fn named(
+    name: impl Fn(&NamespaceRequest) -> &str,
+    access: Access<'static>,
+) -> impl FnOnce(NamespaceRequest) -> Result<(Door, NamespaceRequest), Status> {
+    move |r| Ok((Door::into_namespace(name(&r), access), r))
 }
 
 /// How long AddMember keeps asking a new node for its journal feature
@@ -250,112 +254,89 @@ pub fn status(core: &Core) -> StatusResponse {
 
 #[tonic::async_trait]
 impl Node for NodeApi {
-    async fn status(
-        &self,
-        req: Request<StatusRequest>,
-    ) -> Result<Response<StatusResponse>, Status> {
-        self.admitted(&req, None, Access::Open).await?;
-        Ok(Response::new(status(self.core())))
+    async fn status(&self, req: Request<StatusRequest>) -> Reply<StatusResponse> {
+        let core = self.core();
+        self.call(req, door(Access::Open), |_, _| async { Ok(status(core)) })
+            .await
     }
 
-    async fn create_namespace(
-        &self,
-        req: Request<CreateNamespaceRequest>,
-    ) -> Result<Response<NamespaceInfo>, Status> {
-        let c = self
-            .admitted(&req, None, Access::Cluster("namespace create"))
-            .await?;
-        self.namespaces_level("namespace create").await?;
+    async fn create_namespace(&self, req: Request<CreateNamespaceRequest>) -> Reply<NamespaceInfo> {
         let ns = &self.namespaces;
         let local = |c: Call, r: CreateNamespaceRequest| async move {
             ns.create_here(&c, &r.name, &r.settings.unwrap_or_default(), None)
                 .await
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.create_namespace(r).await };
-        self.namespace_call(c, req.into_inner(), local, remote)
-            .await
+        let at = door(Access::Cluster("namespace create"));
+        self.call(req, at, |c, r| async move {
+            self.lifecycle("namespace create", &c, r, local, remote)
+                .await
+        })
+        .await
     }
 
-    async fn delete_namespace(
-        &self,
-        req: Request<NamespaceRequest>,
-    ) -> Result<Response<NamespaceInfo>, Status> {
-        let c = self
-            .admitted(&req, None, Access::Cluster("namespace delete"))
-            .await?;
-        self.namespaces_level("namespace delete").await?;
+    async fn delete_namespace(&self, req: Request<NamespaceRequest>) -> Reply<NamespaceInfo> {
         let ns = &self.namespaces;
         let local = |c: Call, r: NamespaceRequest| async move { ns.delete_here(&c, &r.name).await };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.delete_namespace(r).await };
-        self.namespace_call(c, req.into_inner(), local, remote)
+        let at = door(Access::Cluster("namespace delete"));
+        self.call(req, at, |c, r| async move {
+            self.lifecycle("namespace delete", &c, r, local, remote)
+                .await
+        })
+        .await
+    }
+
+    async fn reset_namespace(&self, req: Request<ResetNamespaceRequest>) -> Reply<NamespaceInfo> {
+        let ns = &self.namespaces;
+        let at = door(Access::Cluster("namespace reset"));
+        self.call(req, at, |c, r: ResetNamespaceRequest| async move {
+            ns.reset(&c, &r.name, r.tasks).await
+        })
+        .await
+    }
+
+    async fn get_namespace(&self, req: Request<NamespaceRequest>) -> Reply<NamespaceInfo> {
+        let ns = &self.namespaces;
+        let at = named(|r| &r.name, Access::Namespace);
+        self.call(req, at, |c, r| async move { ns.get(&c, &r.name).await })
             .await
-    }
-
-    async fn reset_namespace(
-        &self,
-        req: Request<ResetNamespaceRequest>,
-    ) -> Result<Response<NamespaceInfo>, Status> {
-        let c = self
-            .admitted(&req, None, Access::Cluster("namespace reset"))
-            .await?;
-        let r = req.into_inner();
-        Ok(Response::new(
-            self.namespaces.reset(&c, &r.name, r.tasks).await?,
-        ))
-    }
-
-    async fn get_namespace(
-        &self,
-        req: Request<NamespaceRequest>,
-    ) -> Result<Response<NamespaceInfo>, Status> {
-        let name = req.get_ref().name.clone();
-        let c = self.admitted(&req, Some(&name), Access::Namespace).await?;
-        Ok(Response::new(self.namespaces.get(&c, &name).await?))
     }
 
     async fn list_namespaces(
         &self,
         req: Request<ListNamespacesRequest>,
-    ) -> Result<Response<ListNamespacesResponse>, Status> {
+    ) -> Reply<ListNamespacesResponse> {
         // Open, but it lists only the namespaces that admit the caller.
-        let c = self.admitted(&req, None, Access::Open).await?;
-        let namespaces = self.namespaces.list(&c).await?;
-        Ok(Response::new(ListNamespacesResponse { namespaces }))
+        let ns = &self.namespaces;
+        self.call(req, door(Access::Open), |c, _| async move {
+            let namespaces = ns.list(&c).await?;
+            Ok(ListNamespacesResponse { namespaces })
+        })
+        .await
     }
 
     async fn export_namespace(
         &self,
         req: Request<NamespaceRequest>,
-    ) -> Result<Response<ExportNamespaceResponse>, Status> {
-        let c = self
-            .admitted(&req, None, Access::Cluster("namespace export"))
-            .await?;
-        let file = self.namespaces.export(&c, &req.into_inner().name).await?;
-        Ok(Response::new(ExportNamespaceResponse { file: file.into() }))
+    ) -> Reply<ExportNamespaceResponse> {
+        let ns = &self.namespaces;
+        let at = door(Access::Cluster("namespace export"));
+        self.call(req, at, |c, r: NamespaceRequest| async move {
+            let file = ns.export(&c, &r.name).await?;
+            Ok(ExportNamespaceResponse { file: file.into() })
+        })
+        .await
     }
 
-    async fn import_namespace(
-        &self,
-        req: Request<ImportNamespaceRequest>,
-    ) -> Result<Response<NamespaceInfo>, Status> {
-        let c = self
-            .admitted(&req, None, Access::Cluster("namespace import"))
-            .await?;
-        self.namespaces_level("namespace import").await?;
+    async fn import_namespace(&self, req: Request<ImportNamespaceRequest>) -> Reply<NamespaceInfo> {
         let ns = &self.namespaces;
         let local = |c: Call, r: ImportNamespaceRequest| async move {
-            let (export, data) = match storage::backup::Export::parse(r.file.to_vec()) {
-                Ok(parsed) => parsed,
-                Err(e) => {
-                    return Ok(Err(Status::invalid_argument(format!(
-                        "the export file: {e}"
-                    ))))
-                }
-            };
-            let name = if r.name.is_empty() {
-                export.header.name
-            } else {
-                r.name
+            let (export, data) = storage::backup::Export::parse(r.file.to_vec())
+                .map_err(|e| Status::invalid_argument(format!("the export file: {e}")))?;
+            let name = match r.name.is_empty() {
+                true => export.header.name,
+                false => r.name,
             };
             let settings = NamespaceSettings {
                 port: r.port,
@@ -365,165 +346,149 @@ impl Node for NodeApi {
             ns.create_here(&c, &name, &settings, Some(data)).await
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.import_namespace(r).await };
-        self.namespace_call(c, req.into_inner(), local, remote)
-            .await
+        let at = door(Access::Cluster("namespace import"));
+        self.call(req, at, |c, r| async move {
+            self.lifecycle("namespace import", &c, r, local, remote)
+                .await
+        })
+        .await
     }
 
-    async fn propose(
-        &self,
-        req: Request<ProposeRequest>,
-    ) -> Result<Response<ProposeResponse>, Status> {
+    async fn propose(&self, req: Request<ProposeRequest>) -> Reply<ProposeResponse> {
         // Whole or not at all: a field this build does not know (a newer
-        // ctl's, a newer node's forward) is refused, never dropped.
-        let mut update = journal::decode_known::<Update>(req.get_ref().update.as_ref())
-            .map_err(|e| Status::invalid_argument(format!("the journal update: {e}")))?;
-        check_external(&mut update)?;
-        // In the update's namespace (a peer's forward was admitted where it
-        // arrived).
-        let ns = journal::namespace::namespace_name(&update.namespace).to_string();
-        let c = self
-            .admitted(&req, Some(&ns), propose_access(&update))
-            .await?;
-        let applied = self.core().propose(&c, &mut update).await?;
-        let outcome = applied.outcome.encode_to_vec().into();
-        Ok(Response::new(ProposeResponse {
-            outcome,
-            log_index: applied.log_index,
-        }))
+        // ctl's, a newer node's forward) is refused, never dropped. The call
+        // is admitted in the update's namespace, as its command needs (a
+        // peer's forward was admitted where it arrived).
+        let at = |r: ProposeRequest| {
+            let mut u = journal::decode_known::<Update>(&r.update)
+                .map_err(|e| Status::invalid_argument(format!("the journal update: {e}")))?;
+            check_external(&mut u)?;
+            let ns = journal::namespace::namespace_name(&u.namespace).to_string();
+            Ok((Door::into_namespace(&ns, propose_access(&u)), u))
+        };
+        let core = self.core();
+        self.call(req, at, |c, mut u| async move {
+            let applied = core.propose(&c, &mut u).await?;
+            Ok(ProposeResponse {
+                outcome: applied.outcome.encode_to_vec().into(),
+                log_index: applied.log_index,
+            })
+        })
+        .await
     }
 
-    async fn kv_get(&self, req: Request<KvGetRequest>) -> Result<Response<KvGetResponse>, Status> {
-        let c = &self.admitted(&req, None, Access::Namespace).await?;
-        let (area, node) = (&self.area, self.core().node());
-        let local = |r: KvGetRequest| async move {
-            let mut reply = match area.kv_record_here(c, &r.key).unwrap_or_default() {
-                Some(e) => KvGetResponse {
-                    found: true,
-                    value: e.value,
-                    mod_revision: e.mod_revision,
-                    ..Default::default()
-                },
-                None => KvGetResponse::default(),
-            };
-            (reply.served_by, reply.term) = (node.id(), node.metrics().current_term);
-            reply.applied_index = self.core().parking().applied_index();
-            Ok(reply)
+    async fn kv_get(&self, req: Request<KvGetRequest>) -> Reply<KvGetResponse> {
+        let (area, core) = (&self.area, self.core());
+        let local = |c: Call| {
+            move |r: KvGetRequest| {
+                let c = c.clone();
+                async move {
+                    let record = area.kv_record_here(&c, &r.key).unwrap_or_default();
+                    let mut reply = record.map_or_else(KvGetResponse::default, |e| KvGetResponse {
+                        found: true,
+                        value: e.value,
+                        mod_revision: e.mod_revision,
+                        ..Default::default()
+                    });
+                    let node = core.node();
+                    (reply.served_by, reply.term) = (node.id(), node.metrics().current_term);
+                    reply.applied_index = core.parking().applied_index();
+                    Ok(reply)
+                }
+            }
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.kv_get(r).await };
-        self.on_leader(c, req.into_inner(), true, local, remote)
-            .await
+        self.call(req, door(Access::Namespace), |c, r| async move {
+            self.on_leader(&c, r, true, local(c.clone()), remote).await
+        })
+        .await
     }
 
-    async fn kv_list(
-        &self,
-        req: Request<KvListRequest>,
-    ) -> Result<Response<KvListResponse>, Status> {
-        let c = &self.admitted(&req, None, Access::Namespace).await?;
+    async fn kv_list(&self, req: Request<KvListRequest>) -> Reply<KvListResponse> {
         let area = &self.area;
-        let local = |r: KvListRequest| async move {
-            let (entries, revision) = area
-                .kv_list_here(c, &r.prefix, r.limit as usize)
-                .unwrap_or_default();
-            let entries = entries
-                .into_iter()
-                .map(|(key, value)| KvPair { key, value })
-                .collect();
-            Ok(KvListResponse { entries, revision })
+        let local = |c: Call| {
+            move |r: KvListRequest| {
+                let c = c.clone();
+                async move {
+                    let (entries, revision) = area
+                        .kv_list_here(&c, &r.prefix, r.limit as usize)
+                        .unwrap_or_default();
+                    let entries = entries
+                        .into_iter()
+                        .map(|(key, value)| KvPair { key, value })
+                        .collect();
+                    Ok(KvListResponse { entries, revision })
+                }
+            }
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.kv_list(r).await };
-        self.on_leader(c, req.into_inner(), true, local, remote)
-            .await
+        self.call(req, door(Access::Namespace), |c, r| async move {
+            self.on_leader(&c, r, true, local(c.clone()), remote).await
+        })
+        .await
     }
 
-    async fn state(&self, req: Request<StateRequest>) -> Result<Response<StateResponse>, Status> {
+    async fn state(&self, req: Request<StateRequest>) -> Reply<StateResponse> {
         // The whole state is the backup's (a cluster verb); one namespace's
         // part is that namespace's view.
-        let name = req.get_ref().namespace.clone();
-        let c = &match name.as_str() {
-            "" => self.admitted(&req, None, Access::Cluster("snapshot save")),
-            name => self.admitted(&req, Some(name), Access::Namespace),
-        }
-        .await?;
+        let at = |r: StateRequest| {
+            let door = match r.namespace.as_str() {
+                "" => Door::at(Access::Cluster("snapshot save")),
+                name => Door::into_namespace(name, Access::Namespace),
+            };
+            Ok((door, r))
+        };
         let state = self.core().node().state();
         let local = |r: StateRequest| async move {
-            if r.namespace.is_empty() {
-                let (snapshot, last_applied) = state.encode_snapshot();
-                return Ok(StateResponse {
-                    snapshot: snapshot.into(),
-                    last_applied,
-                });
-            }
             let last_applied = state.last_applied().map_or(0, |l| l.index);
-            let snapshot = state
-                .read(|s| s.namespace_snapshot(&r.namespace))
-                .unwrap_or_default();
+            let snapshot = match r.namespace.as_str() {
+                "" => state.encode_snapshot().0,
+                name => state
+                    .read(|s| s.namespace_snapshot(name))
+                    .unwrap_or_default(),
+            };
             Ok(StateResponse {
                 snapshot: snapshot.into(),
                 last_applied,
             })
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.state(r).await };
-        self.on_leader(c, req.into_inner(), true, local, remote)
-            .await
+        self.call(req, at, |c, r| async move {
+            self.on_leader(&c, r, true, local, remote).await
+        })
+        .await
     }
 
-    async fn read_index(
-        &self,
-        req: Request<ReadIndexRequest>,
-    ) -> Result<Response<ReadIndexResponse>, Status> {
-        let c = self.admitted(&req, None, Access::Open).await?;
-        let index = self.core().router().read_index(&c).await?;
-        Ok(Response::new(ReadIndexResponse { index }))
+    async fn read_index(&self, req: Request<ReadIndexRequest>) -> Reply<ReadIndexResponse> {
+        let router = self.core().router();
+        self.call(req, door(Access::Open), |c, _| async move {
+            let index = router.read_index(&c).await?;
+            Ok(ReadIndexResponse { index })
+        })
+        .await
     }
 
-    async fn heartbeat(
-        &self,
-        req: Request<HeartbeatRequest>,
-    ) -> Result<Response<HeartbeatResponse>, Status> {
-        let c = self.admitted(&req, None, Access::Namespace).await?;
-        let r = req.into_inner();
-        let answer = self
-            .area
-            .leader_heartbeat(&c, r.task, r.incarnation)
-            .await?;
-        let error = answer
-            .err()
-            .map(|e| e.encode_to_vec().into())
-            .unwrap_or_default();
-        Ok(Response::new(HeartbeatResponse { error }))
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        let area = &self.area;
+        self.call(
+            req,
+            door(Access::Namespace),
+            |c, r: HeartbeatRequest| async move {
+                // The leader's verdict travels in the reply.
+                let error = match area.leader_heartbeat(&c, r.task, r.incarnation).await {
+                    Ok(()) => Default::default(),
+                    Err(CallError::Domain(e)) => e.encode_to_vec().into(),
+                    Err(e) => return Err(e),
+                };
+                Ok(HeartbeatResponse { error })
+            },
+        )
+        .await
     }
 
-    async fn add_member(
-        &self,
-        req: Request<AddMemberRequest>,
-    ) -> Result<Response<MembershipResponse>, Status> {
-        let c = &self
-            .admitted(&req, None, Access::Cluster("member add"))
-            .await?;
-        let node = self.core().node();
-        node.peer_token().check(&req)?;
-        // A node that could not apply the cluster's state is not added.
-        let (id, address) = (req.get_ref().id, req.get_ref().address.clone());
-        // A node just started may not listen yet: asked until it answers,
-        // as long as a leader is looked for.
-        let level = crate::core::levels::level_of(node, id, &address, LEVEL_ASK_WAIT).await;
-        let have = crate::core::levels::cluster_level(node);
-        match level {
-            Ok(l) if l >= have => {}
-            Ok(l) => {
-                return Err(Status::failed_precondition(format!(
-                    "node {} applies journal feature level {l} ({}), below the cluster's level {have}: \
-                     it could not apply the cluster's state; run a build of level {have} or newer on it",
-                    id,
-                    journal::level::describe(l)
-                )))
-            }
-            Err(e) => {
-                return Err(Status::unavailable(format!(
-                    "cannot ask node {id} at {address} for its journal feature level: {e}"
-                )))
-            }
-        }
+    async fn add_member(&self, req: Request<AddMemberRequest>) -> Reply<MembershipResponse> {
+        let (core, node) = (self.core(), self.core().node());
+        let token = node.peer_token().check(&req);
         let local = |r: AddMemberRequest| async move {
             node.add_learner(r.id, &r.address).await.map_err(Retry)?;
             let mut voters: std::collections::BTreeSet<u64> = node
@@ -533,37 +498,64 @@ impl Node for NodeApi {
                 .map(|(n, _, _)| n)
                 .collect();
             voters.insert(r.id);
-            node.change_voters(voters, false).await.map_err(Retry)
+            Ok(node.change_voters(voters, false).await.map_err(Retry)?)
         };
         let remote = |mut l: NodeClient<Channel>, mut r| async move {
             node.peer_token().attach(&mut r);
             l.add_member(r).await.map(|_| Response::new(()))
         };
-        self.on_leader(c, req.into_inner(), false, local, remote)
-            .await?;
-        Ok(Response::new(MembershipResponse {
-            members: status(self.core()).members,
-        }))
+        let at = door(Access::Cluster("member add"));
+        self.call(req, at, |c, r: AddMemberRequest| async move {
+            token?;
+            // A node that could not apply the cluster's state is not added.
+            check_joiner_level(core, r.id, &r.address).await?;
+            self.on_leader(&c, r, false, local, remote).await?;
+            Ok(MembershipResponse {
+                members: status(core).members,
+            })
+        })
+        .await
     }
 
-    async fn remove_member(
-        &self,
-        req: Request<RemoveMemberRequest>,
-    ) -> Result<Response<MembershipResponse>, Status> {
-        let c = &self
-            .admitted(&req, None, Access::Cluster("member remove"))
-            .await?;
-        let node = self.core().node();
-        node.peer_token().check(&req)?;
-        let local = |r: RemoveMemberRequest| async move { node.remove(r.id).await.map_err(Retry) };
+    async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Reply<MembershipResponse> {
+        let (core, node) = (self.core(), self.core().node());
+        let token = node.peer_token().check(&req);
+        let local =
+            |r: RemoveMemberRequest| async move { Ok(node.remove(r.id).await.map_err(Retry)?) };
         let remote = |mut l: NodeClient<Channel>, mut r| async move {
             node.peer_token().attach(&mut r);
             l.remove_member(r).await.map(|_| Response::new(()))
         };
-        self.on_leader(c, req.into_inner(), false, local, remote)
-            .await?;
-        Ok(Response::new(MembershipResponse {
-            members: status(self.core()).members,
-        }))
+        let at = door(Access::Cluster("member remove"));
+        self.call(req, at, |c, r| async move {
+            token?;
+            self.on_leader(&c, r, false, local, remote).await?;
+            Ok(MembershipResponse {
+                members: status(core).members,
+            })
+        })
+        .await
+    }
+}
+
+/// Refuses to add node `id` at `address` unless it applies the journal
+/// feature level the cluster runs at (asked until it answers: a node just
+/// started may not listen yet).
+async fn check_joiner_level(core: &Core, id: u64, address: &str) -> CallResult<()> {
+    let node = core.node();
+    let level = crate::core::levels::level_of(node, id, address, LEVEL_ASK_WAIT).await;
+    let have = crate::core::levels::cluster_level(node);
+    match level {
+        Ok(l) if l >= have => Ok(()),
+        Ok(l) => Err(Status::failed_precondition(format!(
+            "node {id} applies journal feature level {l} ({}), below the cluster's level {have}: \
+             it could not apply the cluster's state; run a build of level {have} or newer on it",
+            journal::level::describe(l)
+        ))
+        .into()),
+        Err(e) => Err(Status::unavailable(format!(
+            "cannot ask node {id} at {address} for its journal feature level: {e}"
+        ))
+        .into()),
     }
 }

@@ -98,14 +98,7 @@ pub fn split_source(definition: &[u8]) -> Result<SplitSource, String> {
             if step == 0 {
                 return unsupported("its step is 0");
             }
-            let span = i128::from(stop) - i128::from(start);
-            let count = if (span > 0) == (step > 0) && span != 0 {
-                let step = i128::from(step);
-                ((span.abs() + step.abs() - 1) / step.abs()).min(i128::from(i64::MAX)) as i64
-            } else {
-                0
-            };
-            Ok(SplitSource { start, step, count })
+            Ok(range_source(start, stop, step))
         }
         "TensorSliceDataset" => {
             let Some(first) = input_const(0) else {
@@ -132,6 +125,18 @@ pub fn split_source(definition: &[u8]) -> Result<SplitSource, String> {
         }),
         _ => unsupported("that op cannot be split here"),
     }
+}
+
+/// The splits of `range(start, stop, step)` (`step` not 0): its elements.
+fn range_source(start: i64, stop: i64, step: i64) -> SplitSource {
+    let span = i128::from(stop) - i128::from(start);
+    let count = if (span > 0) == (step > 0) && span != 0 {
+        let step = i128::from(step);
+        ((span.abs() + step.abs() - 1) / step.abs()).min(i128::from(i64::MAX)) as i64
+    } else {
+        0
+    };
+    SplitSource { start, step, count }
 }
 
 /// A split as TensorFlow's split providers give it: an int64 scalar tensor.
