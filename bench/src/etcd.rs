@@ -7,7 +7,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use coordstore_tests::free_port;
 use tonic::transport::Channel;
@@ -158,33 +158,32 @@ impl EtcdCluster {
     /// Waits until every running member in `among` names the same leader;
     /// returns the leader's member index.
     pub async fn wait_leader(&self, among: &[usize], wait: Duration) -> anyhow::Result<usize> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let mut ids = Vec::new();
-            let mut leader_of = None;
-            for &i in among {
-                if let Some(s) = status(&self.members[i].addr).await {
-                    let me = s.header.as_ref().map_or(0, |h| h.member_id);
-                    if s.leader != 0 {
-                        ids.push(s.leader);
+        let leader =
+            coordstore_tests::wait::wait(format!("etcd: an agreed leader among {among:?}"), wait)
+                .context(|| self.logs())
+                .until(|| async {
+                    let mut ids = Vec::new();
+                    let mut leader_of = None;
+                    for &i in among {
+                        if let Some(s) = status(&self.members[i].addr).await {
+                            let me = s.header.as_ref().map_or(0, |h| h.member_id);
+                            if s.leader != 0 {
+                                ids.push(s.leader);
+                            }
+                            if s.leader == me && me != 0 {
+                                leader_of = Some(i);
+                            }
+                        }
                     }
-                    if s.leader == me && me != 0 {
-                        leader_of = Some(i);
+                    if ids.len() == among.len() && ids.windows(2).all(|w| w[0] == w[1]) {
+                        if let Some(i) = leader_of {
+                            return Ok(i);
+                        }
                     }
-                }
-            }
-            if ids.len() == among.len() && ids.windows(2).all(|w| w[0] == w[1]) {
-                if let Some(i) = leader_of {
-                    return Ok(i);
-                }
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "etcd: no agreed leader among {among:?} within {wait:?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                    Err(ids)
+                })
+                .await;
+        Ok(leader)
     }
 
     /// The tail of every member's log.

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::peers::{channel, Peer, PeerKind};
+use crate::peers::{channel, KvClient, Peer, PeerKind};
 use crate::stats::{summarize, Latency};
 
 /// One measured configuration.
@@ -177,69 +177,21 @@ async fn load(
     for _ in 0..conns {
         channels.push(channel(addr).await);
     }
-    let value = vec![b'v'; value_bytes];
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(Mutex::new(0usize));
-    let start_line = Arc::new(tokio::sync::Barrier::new(clients + 1));
-    let run = Duration::from_secs_f64(seconds);
-    let tag = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis();
+    let shared = Shared {
+        op,
+        tag: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+        value: vec![b'v'; value_bytes],
+        run: Duration::from_secs_f64(seconds),
+        start_line: Arc::new(tokio::sync::Barrier::new(clients + 1)),
+        samples: Arc::default(),
+        errors: Arc::default(),
+    };
     let mut tasks = Vec::new();
     for t in 0..clients {
-        let mut c = peer.client(channels[t % conns].clone());
-        let (samples, errors, value, start_line) = (
-            samples.clone(),
-            errors.clone(),
-            value.clone(),
-            start_line.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let key = |i: usize| match op {
-                Op::Put => format!("kv/{tag}/{t}/{i}"),
-                Op::Get => format!("kvget/{tag}/{t}/{}", i % GET_KEYS),
-            };
-            // Warm-up, not measured: connections, and the keys gets read.
-            let warm = if op == Op::Get { GET_KEYS } else { 5 };
-            let mut failed = None;
-            for i in 0..warm {
-                let k = match op {
-                    Op::Get => key(i),
-                    Op::Put => format!("{}w", key(i)),
-                };
-                if let Err(e) = c.put(&k, &value).await {
-                    failed = Some(e);
-                }
-            }
-            start_line.wait().await;
-            if let Some(e) = failed {
-                return Err(anyhow::anyhow!("warm-up put failed: {e}"));
-            }
-            let end = Instant::now() + run;
-            let (mut mine, mut errs, mut i) = (Vec::new(), 0usize, 0usize);
-            while Instant::now() < end {
-                let t0 = Instant::now();
-                let r = match op {
-                    Op::Put => c.put(&key(i), &value).await,
-                    Op::Get => match c.get(&key(i)).await {
-                        Ok(Some(_)) => Ok(()),
-                        Ok(None) => return Err(anyhow::anyhow!("{} vanished", key(i))),
-                        Err(e) => Err(e),
-                    },
-                };
-                match r {
-                    Ok(()) => mine.push(t0.elapsed()),
-                    Err(_) => {
-                        errs += 1;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                }
-                i += 1;
-            }
-            samples.lock().unwrap().extend(mine);
-            *errors.lock().unwrap() += errs;
-            Ok(())
-        }));
+        let c = peer.client(channels[t % conns].clone());
+        tasks.push(tokio::spawn(client(c, t, shared.clone())));
     }
     let pids: Vec<u32> = (0..peer.len()).filter_map(|i| peer.pid(i)).collect();
     // The leader's metrics, for the write stages of puts.
@@ -250,7 +202,7 @@ async fn load(
             _ => None,
         }
     };
-    start_line.wait().await;
+    shared.start_line.wait().await;
     let t0 = Instant::now();
     let cpu0 = cpu_seconds(&pids);
     let metrics0 = scrape().await;
@@ -263,8 +215,8 @@ async fn load(
         (Some(a), Some(b)) => Some(WriteStages::between(&a, &b)),
         _ => None,
     };
-    let mut samples = std::mem::take(&mut *samples.lock().unwrap());
-    let errors = *errors.lock().unwrap();
+    let mut samples = std::mem::take(&mut *shared.samples.lock().unwrap());
+    let errors = *shared.errors.lock().unwrap();
     Ok(KvRow {
         peer: peer.kind.name().into(),
         op: match op {
@@ -283,6 +235,74 @@ async fn load(
         stages,
         latency: summarize(&mut samples),
     })
+}
+
+/// What the clients of one [`load`] share.
+#[derive(Clone)]
+struct Shared {
+    op: Op,
+    /// The run's key prefix.
+    tag: u128,
+    value: Vec<u8>,
+    /// How long the measured loop runs.
+    run: Duration,
+    /// Where every client and [`load`] meet once warmed up.
+    start_line: Arc<tokio::sync::Barrier>,
+    /// Latencies of acknowledged operations.
+    samples: Arc<Mutex<Vec<Duration>>>,
+    /// Failed operations.
+    errors: Arc<Mutex<usize>>,
+}
+
+/// Client `t` of a [`load`]: warms up (connections, and the keys gets
+/// read), meets the others at the start line, then runs its operation in a
+/// closed loop for the run's length.
+async fn client(mut c: KvClient, t: usize, s: Shared) -> anyhow::Result<()> {
+    let (op, tag) = (s.op, s.tag);
+    let key = |i: usize| match op {
+        Op::Put => format!("kv/{tag}/{t}/{i}"),
+        Op::Get => format!("kvget/{tag}/{t}/{}", i % GET_KEYS),
+    };
+    // Warm-up, not measured: connections, and the keys gets read.
+    let warm = if op == Op::Get { GET_KEYS } else { 5 };
+    let mut failed = None;
+    for i in 0..warm {
+        let k = match op {
+            Op::Get => key(i),
+            Op::Put => format!("{}w", key(i)),
+        };
+        if let Err(e) = c.put(&k, &s.value).await {
+            failed = Some(e);
+        }
+    }
+    s.start_line.wait().await;
+    if let Some(e) = failed {
+        return Err(anyhow::anyhow!("warm-up put failed: {e}"));
+    }
+    let end = Instant::now() + s.run;
+    let (mut mine, mut errs, mut i) = (Vec::new(), 0usize, 0usize);
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let r = match op {
+            Op::Put => c.put(&key(i), &s.value).await,
+            Op::Get => match c.get(&key(i)).await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => return Err(anyhow::anyhow!("{} vanished", key(i))),
+                Err(e) => Err(e),
+            },
+        };
+        match r {
+            Ok(()) => mine.push(t0.elapsed()),
+            Err(_) => {
+                errs += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        i += 1;
+    }
+    s.samples.lock().unwrap().extend(mine);
+    *s.errors.lock().unwrap() += errs;
+    Ok(())
 }
 
 #[cfg(test)]

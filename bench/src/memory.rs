@@ -62,43 +62,8 @@ pub async fn run(
             .ok_or_else(|| anyhow::anyhow!("leader not running"))?;
         let rss_before = rss(pid)?;
         let addr = peer.addr(leader);
-        let clients = 64;
-        let mut channels = Vec::new();
-        for _ in 0..8 {
-            channels.push(channel(&addr).await);
-        }
-        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let raw = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        for t in 0..clients {
-            let mut c = peer.client(channels[t % 8].clone());
-            let (next, raw) = (next.clone(), raw.clone());
-            tasks.push(tokio::spawn(async move {
-                let value = vec![b'm'; value_bytes];
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= keys {
-                        return Ok::<(), anyhow::Error>(());
-                    }
-                    let key = format!("mem/{i:07}");
-                    let mut tries = 0;
-                    while let Err(e) = c.put(&key, &value).await {
-                        tries += 1;
-                        anyhow::ensure!(tries < 10, "put {key}: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    raw.fetch_add(
-                        (key.len() + value.len()) as u64,
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
-                }
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
+        let raw_bytes = load_keys(&peer, &addr, keys, value_bytes).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let raw_bytes = raw.load(std::sync::atomic::Ordering::Relaxed);
         let rss_leader = rss(pid)?;
         let mut rss_max = rss_leader;
         for i in 0..peer.len() {
@@ -118,4 +83,50 @@ pub async fn run(
         });
     }
     Ok(rows)
+}
+
+/// Puts `keys` keys of `value_bytes` at `addr` with 64 clients over 8
+/// connections; the key and value bytes put.
+async fn load_keys(
+    peer: &Peer,
+    addr: &str,
+    keys: usize,
+    value_bytes: usize,
+) -> anyhow::Result<u64> {
+    let clients = 64;
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        channels.push(channel(addr).await);
+    }
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let raw = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..clients {
+        let mut c = peer.client(channels[t % 8].clone());
+        let (next, raw) = (next.clone(), raw.clone());
+        tasks.push(tokio::spawn(async move {
+            let value = vec![b'm'; value_bytes];
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= keys {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let key = format!("mem/{i:07}");
+                let mut tries = 0;
+                while let Err(e) = c.put(&key, &value).await {
+                    tries += 1;
+                    anyhow::ensure!(tries < 10, "put {key}: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                raw.fetch_add(
+                    (key.len() + value.len()) as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(raw.load(std::sync::atomic::Ordering::Relaxed))
 }

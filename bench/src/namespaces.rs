@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use coordstore_tests::wait::eventually;
 use coordstore_tests::{free_port_range, node_host, ns, Cluster};
 use proto::coordstore::NamespaceInfo;
 use proto::xla::coordination_service_client::CoordinationServiceClient;
@@ -115,6 +116,18 @@ pub async fn run(load: Load) -> anyhow::Result<Results> {
     );
     let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
     let follower = (leader + 1) % 3;
+    let runs = timed_runs(&cluster, leader, load).await?;
+    let create_to_registered = create_to_registered(&cluster, follower, load.creates).await?;
+    let empty = empty_rss(&cluster, leader, load.empty).await?;
+    Ok(Results {
+        runs,
+        empty,
+        create_to_registered,
+    })
+}
+
+/// `load.rounds` rounds of the single, concurrent and sequential runs.
+async fn timed_runs(cluster: &Cluster, leader: usize, load: Load) -> anyhow::Result<Vec<RunRow>> {
     let mut runs = Vec::new();
     for round in 0..load.rounds {
         for run in ["single", "concurrent", "sequential"] {
@@ -124,10 +137,10 @@ pub async fn run(load: Load) -> anyhow::Result<Results> {
             };
             eprintln!("namespaces: round {round}, {run}: {count} × {tasks} tasks");
             let names: Vec<String> = (0..count).map(|i| format!("{run}-{round}-{i}")).collect();
-            let jobs = create_all(&cluster, leader, &names, tasks).await?;
+            let jobs = create_all(cluster, leader, &names, tasks).await?;
             let addrs: Vec<Vec<String>> = jobs
                 .iter()
-                .map(|j| (0..3).map(|i| ns::addr(&cluster, i, j)).collect())
+                .map(|j| (0..3).map(|i| ns::addr(cluster, i, j)).collect())
                 .collect();
             let t0 = Instant::now();
             if run == "sequential" {
@@ -158,54 +171,58 @@ pub async fn run(load: Load) -> anyhow::Result<Results> {
             }
         }
     }
+    Ok(runs)
+}
 
-    eprintln!(
-        "namespaces: create → registered on a follower, {} times",
-        load.creates
-    );
+/// `creates` times: a namespace created on node `follower`, then a task
+/// registered on its port there.
+async fn create_to_registered(
+    cluster: &Cluster,
+    follower: usize,
+    creates: usize,
+) -> anyhow::Result<Latency> {
+    eprintln!("namespaces: create → registered on a follower, {creates} times");
     let mut samples = Vec::new();
     let at = cluster.nodes[follower].addr.clone();
-    for i in 0..load.creates {
+    for i in 0..creates {
         let name = format!("latency-{i}");
         let t0 = Instant::now();
         let info = ns::create(&at, &name, ns::tasks(1))
             .await
             .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
-        register_when_open(&ns::addr(&cluster, follower, &info)).await?;
+        register_when_open(&ns::addr(cluster, follower, &info)).await?;
         samples.push(t0.elapsed());
         ns::delete(&at, &name)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let create_to_registered = summarize(&mut samples);
+    Ok(summarize(&mut samples))
+}
 
-    eprintln!("namespaces: RSS of {} empty namespaces", load.empty);
+/// Every node's RSS before and after `empty` empty namespaces are created.
+async fn empty_rss(cluster: &Cluster, leader: usize, empty: usize) -> anyhow::Result<Vec<RssRow>> {
+    eprintln!("namespaces: RSS of {empty} empty namespaces");
     let rss_now = |c: &Cluster| -> anyhow::Result<Vec<u64>> {
         c.nodes
             .iter()
             .map(|n| rss(n.pid().ok_or_else(|| anyhow::anyhow!("node down"))?))
             .collect()
     };
-    let before = rss_now(&cluster)?;
-    let names: Vec<String> = (0..load.empty).map(|i| format!("empty-{i}")).collect();
-    create_all(&cluster, leader, &names, 1).await?;
-    let after = rss_now(&cluster)?;
-    let empty = cluster
+    let before = rss_now(cluster)?;
+    let names: Vec<String> = (0..empty).map(|i| format!("empty-{i}")).collect();
+    create_all(cluster, leader, &names, 1).await?;
+    let after = rss_now(cluster)?;
+    Ok(cluster
         .nodes
         .iter()
         .zip(before.iter().zip(after))
         .map(|(n, (b, a))| RssRow {
             node: n.id,
-            namespaces: load.empty,
+            namespaces: empty,
             before: *b,
             after: a,
         })
-        .collect();
-    Ok(Results {
-        runs,
-        empty,
-        create_to_registered,
-    })
+        .collect())
 }
 
 /// Creates namespaces `names` of `tasks` tasks through the leader; returns
@@ -224,29 +241,31 @@ async fn create_all(
             .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
         infos.push(info);
     }
-    for i in 0..cluster.nodes.len() {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let mut c = coordstore_tests::connect(&cluster.nodes[i].addr, WAIT).await;
-            let listed = c
-                .list_namespaces(proto::coordstore::ListNamespacesRequest {})
-                .await?
-                .into_inner()
-                .namespaces;
-            let serving = listed
-                .iter()
-                .filter(|n| names.contains(&n.name) && n.listener == "serving")
-                .count();
-            if serving == names.len() {
-                break;
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let what = format!("node {i} to serve all {} namespaces", names.len());
+        // A failed list ends the wait, and the run, at once.
+        let listed = eventually(what, WAIT, || async {
+            let mut c = coordstore_tests::connect(&node.addr, WAIT).await;
+            let req = proto::coordstore::ListNamespacesRequest {};
+            match c.list_namespaces(req).await {
+                Err(e) => Ok(Err(e)),
+                Ok(r) => {
+                    let serving = r
+                        .into_inner()
+                        .namespaces
+                        .iter()
+                        .filter(|n| names.contains(&n.name) && n.listener == "serving")
+                        .count();
+                    if serving == names.len() {
+                        Ok(Ok(()))
+                    } else {
+                        Err(format!("serves {serving}"))
+                    }
+                }
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "node {i} serves {serving} of {}",
-                names.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
+        listed?;
     }
     Ok(infos)
 }

@@ -4,8 +4,9 @@
 //! coordstore node. Target: 10,000 parked gets cost at most 10% of the
 //! write throughput (parked gets wake per key, not on every write).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use coordstore_tests::wait::eventually;
 use proto::xla::coordination_service_client::CoordinationServiceClient;
 use proto::xla::{GetKeyValueRequest, Incarnations};
 
@@ -100,17 +101,8 @@ async fn park_by(
             }));
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let parked = coordstore_tests::parked_calls(addr).await;
-        if parked >= n as u64 {
-            return Ok(handles);
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("only {parked} of {n} gets parked after 120 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    coordstore_tests::wait_parked(addr, n as u64, Duration::from_secs(120)).await;
+    Ok(handles)
 }
 
 /// The memory one parked call costs a server: its RSS growth over `calls`
@@ -137,7 +129,7 @@ pub struct ParkedMemoryRow {
 /// else, the system allocator) holding as many open gRPC health `Watch`
 /// streams. Each at `per_conn` calls per connection.
 pub async fn memory(calls: usize, per_conn: usize) -> anyhow::Result<Vec<ParkedMemoryRow>> {
-    let row = |peer: &str, before: u64, after: u64| ParkedMemoryRow {
+    let row = |peer: &str, (before, after): (u64, u64)| ParkedMemoryRow {
         peer: peer.into(),
         calls,
         per_connection: per_conn,
@@ -145,9 +137,19 @@ pub async fn memory(calls: usize, per_conn: usize) -> anyhow::Result<Vec<ParkedM
         rss_after: after,
         bytes_per_call: after.saturating_sub(before) as f64 / calls as f64,
     };
-    let mut rows = Vec::new();
-
     eprintln!("parked-memory: coordstore 1 node, {calls} parked gets");
+    let parked = coordstore_rss(calls, per_conn).await?;
+    eprintln!("parked-memory: bare tonic server, {calls} open health Watch streams");
+    let streams = bare_grpc_rss(calls, per_conn).await?;
+    Ok(vec![
+        row("coordstore 1 node, blocking GetKeyValue", parked),
+        row("bare tonic server, health Watch streams", streams),
+    ])
+}
+
+/// A coordstore node's RSS before and after `calls` blocking gets are
+/// parked on it, `per_conn` per connection.
+async fn coordstore_rss(calls: usize, per_conn: usize) -> anyhow::Result<(u64, u64)> {
     let peer = Peer::start(PeerKind::Coordstore1, 1).await?;
     let leader = peer.leader().await?;
     let addr = peer.addr(leader);
@@ -157,17 +159,16 @@ pub async fn memory(calls: usize, per_conn: usize) -> anyhow::Result<Vec<ParkedM
     let before = crate::memory::rss(pid)?;
     let gets = park_by(&peer, &addr, calls, per_conn).await?;
     let after = crate::memory::rss(pid)?;
-    rows.push(row(
-        "coordstore 1 node, blocking GetKeyValue",
-        before,
-        after,
-    ));
     for g in gets {
         g.abort();
     }
-    drop(peer);
+    Ok((before, after))
+}
 
-    eprintln!("parked-memory: bare tonic server, {calls} open health Watch streams");
+/// A bare tonic server's RSS (this binary's `bare-grpc`) before and after
+/// `calls` gRPC health `Watch` streams are open on it, `per_conn` per
+/// connection.
+async fn bare_grpc_rss(calls: usize, per_conn: usize) -> anyhow::Result<(u64, u64)> {
     let port = coordstore_tests::free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
@@ -178,16 +179,17 @@ pub async fn memory(calls: usize, per_conn: usize) -> anyhow::Result<Vec<ParkedM
         .id()
         .ok_or_else(|| anyhow::anyhow!("bare-grpc exited"))?;
     let first = channel(&listen).await;
-    let mut probe = tonic_health::pb::health_client::HealthClient::new(first);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while probe
-        .check(tonic_health::pb::HealthCheckRequest::default())
-        .await
-        .is_err()
-    {
-        anyhow::ensure!(Instant::now() < deadline, "bare-grpc did not answer");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let probe = tonic_health::pb::health_client::HealthClient::new(first);
+    eventually("bare-grpc to answer", Duration::from_secs(30), || {
+        let mut probe = probe.clone();
+        async move {
+            probe
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .map(|_| ())
+        }
+    })
+    .await;
     let before = crate::memory::rss(pid)?;
     let mut open = Vec::with_capacity(calls);
     for c in 0..calls.div_ceil(per_conn) {
@@ -206,14 +208,9 @@ pub async fn memory(calls: usize, per_conn: usize) -> anyhow::Result<Vec<ParkedM
         }
     }
     let after = crate::memory::rss(pid)?;
-    rows.push(row(
-        "bare tonic server, health Watch streams",
-        before,
-        after,
-    ));
     drop(open);
     child.kill().await?;
-    Ok(rows)
+    Ok((before, after))
 }
 
 /// `bare-grpc`: a tonic server with the gRPC health service only, for

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use coordstore_tests::jax::PyProc;
+use coordstore_tests::wait::wait;
 use coordstore_tests::{free_port, http_get, wire, Cluster};
 use proto::xla::coordination_service_client::CoordinationServiceClient;
 use proto::xla::{
@@ -122,77 +123,21 @@ impl Peer {
         heartbeat_timeout: Duration,
         extra: &[&str],
     ) -> anyhow::Result<Peer> {
-        let tasks_s = tasks.to_string();
-        let hb = heartbeat_timeout.as_millis().to_string();
-        let mut metrics = Vec::new();
-        let inner = match kind {
+        let (inner, metrics) = match kind {
             PeerKind::Coordstore3 | PeerKind::Coordstore1 => {
-                let n = if kind == PeerKind::Coordstore3 { 3 } else { 1 };
-                // coordstore's own default Raft timing, as etcd runs with its own.
-                let mut flags = vec![
-                    "--tasks",
-                    &tasks_s,
-                    "--heartbeat-timeout-ms",
-                    &hb,
-                    "--raft-heartbeat-ms",
-                    "100",
-                    "--election-timeout-ms",
-                    "1000",
-                ];
-                flags.extend_from_slice(extra);
-                flags.extend(SERVER_FLAGS.get().into_iter().flatten().map(String::as_str));
-                metrics = (0..n)
-                    .map(|_| format!("127.0.0.1:{}", free_port()))
-                    .collect();
-                let m = metrics.clone();
-                let cluster = Cluster::start_each(n, &flags, move |i| {
-                    vec!["--metrics-listen".into(), m[i].clone()]
-                });
-                let all: Vec<usize> = (0..n).collect();
-                cluster.wait_leader(&all, Duration::from_secs(60)).await;
-                Inner::Coordstore(cluster)
+                let (cluster, metrics) =
+                    Self::launch_coordstore(kind, tasks, heartbeat_timeout, extra).await;
+                (Inner::Coordstore(cluster), metrics)
             }
             PeerKind::Etcd3 => {
                 let c = EtcdCluster::start(3)?;
                 c.wait_leader(&[0, 1, 2], Duration::from_secs(60)).await?;
-                Inner::Etcd(c)
+                (Inner::Etcd(c), Vec::new())
             }
-            PeerKind::Builtin => {
-                let dir = tempfile::tempdir()?;
-                let proc = PyProc::spawn(
-                    "builtin_service.py",
-                    &[
-                        "--num-tasks".into(),
-                        tasks_s.clone(),
-                        "--heartbeat-timeout".into(),
-                        heartbeat_timeout.as_secs().max(1).to_string(),
-                        "--seconds".into(),
-                        "7200".into(),
-                    ],
-                    dir.path(),
-                );
-                let deadline = Instant::now() + Duration::from_secs(60);
-                let addr = loop {
-                    if let Some(a) = proc
-                        .lines()
-                        .iter()
-                        .find_map(|l| l.strip_prefix("LISTENING ").map(str::to_string))
-                    {
-                        break a;
-                    }
-                    anyhow::ensure!(
-                        Instant::now() < deadline,
-                        "built-in service did not start\n{}",
-                        proc.report()
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                };
-                Inner::Builtin {
-                    proc,
-                    addr,
-                    _dir: dir,
-                }
-            }
+            PeerKind::Builtin => (
+                Self::launch_builtin(tasks, heartbeat_timeout).await?,
+                Vec::new(),
+            ),
         };
         Ok(Peer {
             kind,
@@ -200,6 +145,76 @@ impl Peer {
             service_incarnation: 0,
             register_ms: 0.0,
             metrics,
+        })
+    }
+
+    /// Starts a coordstore peer of `kind` (1 or 3 nodes, each with its own
+    /// `--metrics-listen` address) and waits for its leader; the cluster and
+    /// the metrics addresses.
+    async fn launch_coordstore(
+        kind: PeerKind,
+        tasks: u32,
+        heartbeat_timeout: Duration,
+        extra: &[&str],
+    ) -> (Cluster, Vec<String>) {
+        let tasks_s = tasks.to_string();
+        let hb = heartbeat_timeout.as_millis().to_string();
+        let n = if kind == PeerKind::Coordstore3 { 3 } else { 1 };
+        // coordstore's own default Raft timing, as etcd runs with its own.
+        let mut flags = vec![
+            "--tasks",
+            &tasks_s,
+            "--heartbeat-timeout-ms",
+            &hb,
+            "--raft-heartbeat-ms",
+            "100",
+            "--election-timeout-ms",
+            "1000",
+        ];
+        flags.extend_from_slice(extra);
+        flags.extend(SERVER_FLAGS.get().into_iter().flatten().map(String::as_str));
+        let metrics: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let m = metrics.clone();
+        let cluster = Cluster::start_each(n, &flags, move |i| {
+            vec!["--metrics-listen".into(), m[i].clone()]
+        });
+        let all: Vec<usize> = (0..n).collect();
+        cluster.wait_leader(&all, Duration::from_secs(60)).await;
+        (cluster, metrics)
+    }
+
+    /// Starts jaxlib's built-in service for `tasks` tasks and waits until
+    /// it listens.
+    async fn launch_builtin(tasks: u32, heartbeat_timeout: Duration) -> anyhow::Result<Inner> {
+        let dir = tempfile::tempdir()?;
+        let proc = PyProc::spawn(
+            "builtin_service.py",
+            &[
+                "--num-tasks".into(),
+                tasks.to_string(),
+                "--heartbeat-timeout".into(),
+                heartbeat_timeout.as_secs().max(1).to_string(),
+                "--seconds".into(),
+                "7200".into(),
+            ],
+            dir.path(),
+        );
+        let addr = wait("the built-in service to start", Duration::from_secs(60))
+            .context(|| proc.report())
+            .until(|| {
+                let listening = proc
+                    .lines()
+                    .iter()
+                    .find_map(|l| l.strip_prefix("LISTENING ").map(str::to_string));
+                async move { listening.ok_or("no LISTENING line") }
+            })
+            .await;
+        Ok(Inner::Builtin {
+            proc,
+            addr,
+            _dir: dir,
         })
     }
 

@@ -45,21 +45,7 @@ pub async fn run(
     let leader = cluster.wait_leader(&all, Duration::from_secs(60)).await;
     let addr = cluster.nodes[leader].addr.clone();
     let value = vec![b'v'; value_bytes];
-    // Warm up (connections, first entries).
-    {
-        let mut c = connect(&addr, Duration::from_secs(30)).await;
-        let mut w = Writer::new();
-        for i in 0..50 {
-            w.put(
-                &mut c,
-                &format!("warm/{i}"),
-                &value,
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(anyhow::Error::msg)?;
-        }
-    }
+    warm_up(&addr, &value).await?;
     let before = try_status(&addr).await.map_or(0, |s| s.last_log_index);
     let samples = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -111,6 +97,18 @@ pub async fn run(
         updates_per_entry: updates as f64 / entries,
         latency: summarize(&mut samples),
     })
+}
+
+/// Warms up (connections, first entries): 50 puts of `value` at `addr`.
+async fn warm_up(addr: &str, value: &[u8]) -> anyhow::Result<()> {
+    let mut c = connect(addr, Duration::from_secs(30)).await;
+    let mut w = Writer::new();
+    for i in 0..50 {
+        w.put(&mut c, &format!("warm/{i}"), value, Duration::from_secs(30))
+            .await
+            .map_err(anyhow::Error::msg)?;
+    }
+    Ok(())
 }
 
 /// A markdown table of results.

@@ -23,6 +23,7 @@
 
 use std::time::{Duration, Instant};
 
+use coordstore_tests::wait::{eventually, holds};
 use coordstore_tests::{try_status, Cluster};
 use journal::pb::{coordination::KvInsert, update::Command as Cmd, UpdateBatch};
 use journal::Update;
@@ -66,36 +67,7 @@ pub async fn run_etcd(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
         c.wait_leader(&[0], Duration::from_secs(60)).await?;
         let addr = c.members[0].addr.clone();
         let t = Instant::now();
-        let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        let channels = {
-            let mut v = Vec::new();
-            for _ in 0..16 {
-                v.push(crate::peers::channel(&addr).await);
-            }
-            v
-        };
-        for t in 0..256 {
-            let mut kv = crate::etcd::kv(channels[t % 16].clone());
-            let next = next.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= entries {
-                        return Ok::<(), anyhow::Error>(());
-                    }
-                    kv.put(crate::etcd::pb::PutRequest {
-                        key: format!("replay/{}", i % KEYS).into_bytes(),
-                        value: value(i),
-                        lease: 0,
-                    })
-                    .await?;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
+        etcd_puts(&addr, entries).await?;
         eprintln!(
             "replay: {entries} etcd puts in {:.1} s",
             t.elapsed().as_secs_f64()
@@ -107,26 +79,7 @@ pub async fn run_etcd(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
         c.members[0].kill();
         let spawned = Instant::now();
         c.restart(0)?;
-        let deadline = spawned + Duration::from_secs(600);
-        let serving_ms = loop {
-            if let Ok(ch) = crate::peers::channel_with_timeout(&addr, Duration::from_secs(5)).await
-            {
-                let mut kv = crate::etcd::kv(ch);
-                let r = kv
-                    .range(crate::etcd::pb::RangeRequest {
-                        key: key.clone().into_bytes(),
-                        ..Default::default()
-                    })
-                    .await;
-                if let Ok(r) = r {
-                    let got = r.into_inner().kvs.into_iter().next().map(|kv| kv.value);
-                    anyhow::ensure!(got.as_deref() == Some(&want[..]), "etcd lost {key}");
-                    break spawned.elapsed().as_secs_f64() * 1000.0;
-                }
-            }
-            anyhow::ensure!(Instant::now() < deadline, "etcd did not serve within 600 s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let serving_ms = etcd_serving_ms(&addr, &key, &want, spawned).await?;
         eprintln!("replay: etcd {case}: serving after {serving_ms:.0} ms");
         rows.push(ReplayRow {
             peer: "etcd 3.4, 1 member".into(),
@@ -138,6 +91,72 @@ pub async fn run_etcd(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
         });
     }
     Ok(rows)
+}
+
+/// Puts `entries` keys (as coordstore's journal holds them) at the etcd
+/// member at `addr` through 256 clients over 16 connections.
+async fn etcd_puts(addr: &str, entries: u64) -> anyhow::Result<()> {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let channels = {
+        let mut v = Vec::new();
+        for _ in 0..16 {
+            v.push(crate::peers::channel(addr).await);
+        }
+        v
+    };
+    for t in 0..256 {
+        let mut kv = crate::etcd::kv(channels[t % 16].clone());
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= entries {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                kv.put(crate::etcd::pb::PutRequest {
+                    key: format!("replay/{}", i % KEYS).into_bytes(),
+                    value: value(i),
+                    lease: 0,
+                })
+                .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Milliseconds from `spawned` until the etcd member at `addr` answers a
+/// read of `key` (which must hold `want`), asking every 5 ms: the measure
+/// itself, so the pace is fixed.
+async fn etcd_serving_ms(
+    addr: &str,
+    key: &str,
+    want: &[u8],
+    spawned: Instant,
+) -> anyhow::Result<f64> {
+    let deadline = spawned + Duration::from_secs(600);
+    loop {
+        if let Ok(ch) = crate::peers::channel_with_timeout(addr, Duration::from_secs(5)).await {
+            let mut kv = crate::etcd::kv(ch);
+            let r = kv
+                .range(crate::etcd::pb::RangeRequest {
+                    key: key.as_bytes().to_vec(),
+                    ..Default::default()
+                })
+                .await;
+            if let Ok(r) = r {
+                let got = r.into_inner().kvs.into_iter().next().map(|kv| kv.value);
+                anyhow::ensure!(got.as_deref() == Some(want), "etcd lost {key}");
+                return Ok(spawned.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "etcd did not serve within 600 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn dir_size(p: &std::path::Path) -> u64 {
@@ -243,6 +262,58 @@ async fn time_to_serve(
 pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
     let kind = PeerKind::Coordstore1;
     eprintln!("replay: building a journal of {entries} entries");
+    let (mut peer, dir, after, last) = journal_of(kind, entries).await?;
+    let last_i = last - after - 1;
+    let key = format!("replay/{}", last_i % KEYS);
+    let want = value(last_i);
+
+    let mut rows = Vec::new();
+    // Without snapshots: every entry is replayed.
+    let size = dir_size(&dir);
+    let si = peer.service_incarnation();
+    let cluster = peer.coordstore().expect("coordstore peer");
+    let serving_ms = time_to_serve(cluster, si, &key, &want).await?;
+    eprintln!("replay: without snapshots: serving after {serving_ms:.0} ms");
+    rows.push(ReplayRow {
+        peer: kind.name().into(),
+        case: "without snapshots".into(),
+        entries,
+        log_entries: Some(last),
+        data_dir_bytes: size,
+        serving_ms,
+    });
+
+    // With snapshots: the default policy, then wait for the snapshot + purge.
+    snapshot_by_default(peer.coordstore().expect("coordstore peer"), last).await;
+    let (log_entries, size) = {
+        let addr = peer.addr(0);
+        let s = try_status(&addr)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no status"))?;
+        (Some(s.last_log_index - s.purged_index), dir_size(&dir))
+    };
+    let cluster = peer.coordstore().expect("coordstore peer");
+    cluster.kill(0);
+    let serving_ms = time_to_serve(cluster, si, &key, &want).await?;
+    eprintln!("replay: with snapshots: serving after {serving_ms:.0} ms");
+    rows.push(ReplayRow {
+        peer: kind.name().into(),
+        case: "with snapshots".into(),
+        entries,
+        log_entries,
+        data_dir_bytes: size,
+        serving_ms,
+    });
+    Ok(rows)
+}
+
+/// A stopped node of `kind` (never snapshotting) whose log has `entries`
+/// more entries written to it directly: the peer, the node's data dir, its
+/// last log index before them and the last one after.
+async fn journal_of(
+    kind: PeerKind,
+    entries: u64,
+) -> anyhow::Result<(Peer, std::path::PathBuf, u64, u64)> {
     let mut peer = Peer::start_with(
         kind,
         1,
@@ -270,62 +341,26 @@ pub async fn run(entries: u64) -> anyhow::Result<Vec<ReplayRow>> {
         "replay: journal written in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let last_i = last - after - 1;
-    let key = format!("replay/{}", last_i % KEYS);
-    let want = value(last_i);
+    Ok((peer, dir, after, last))
+}
 
-    let mut rows = Vec::new();
-    // Without snapshots: every entry is replayed.
-    let size = dir_size(&dir);
-    let si = peer.service_incarnation();
-    let cluster = peer.coordstore().expect("coordstore peer");
-    let serving_ms = time_to_serve(cluster, si, &key, &want).await?;
-    eprintln!("replay: without snapshots: serving after {serving_ms:.0} ms");
-    rows.push(ReplayRow {
-        peer: kind.name().into(),
-        case: "without snapshots".into(),
-        entries,
-        log_entries: Some(last),
-        data_dir_bytes: size,
-        serving_ms,
-    });
-
-    // With snapshots: the default policy, then wait for the snapshot + purge.
-    {
-        let cluster = peer.coordstore().expect("coordstore peer");
-        cluster.nodes[0].remove_arg("--snapshot-every");
-        cluster.nodes[0].remove_arg("--snapshot-log-bytes");
-        cluster.restart(0);
-        let addr = cluster.nodes[0].addr.clone();
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            if let Some(s) = try_status(&addr).await {
-                if s.snapshot_index + 50_000 >= last && s.purged_index + 50_000 >= last {
-                    break;
-                }
-            }
-            anyhow::ensure!(Instant::now() < deadline, "no snapshot within 600 s");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    let (log_entries, size) = {
-        let addr = peer.addr(0);
+/// Restarts node 0 of `cluster` with the default snapshot policy and waits
+/// until its snapshot and purge reach within 50,000 entries of `last`.
+async fn snapshot_by_default(cluster: &mut Cluster, last: u64) {
+    cluster.nodes[0].remove_arg("--snapshot-every");
+    cluster.nodes[0].remove_arg("--snapshot-log-bytes");
+    cluster.restart(0);
+    let addr = cluster.nodes[0].addr.clone();
+    eventually("a snapshot", Duration::from_secs(600), || async {
         let s = try_status(&addr)
             .await
-            .ok_or_else(|| anyhow::anyhow!("no status"))?;
-        (Some(s.last_log_index - s.purged_index), dir_size(&dir))
-    };
-    let cluster = peer.coordstore().expect("coordstore peer");
-    cluster.kill(0);
-    let serving_ms = time_to_serve(cluster, si, &key, &want).await?;
-    eprintln!("replay: with snapshots: serving after {serving_ms:.0} ms");
-    rows.push(ReplayRow {
-        peer: kind.name().into(),
-        case: "with snapshots".into(),
-        entries,
-        log_entries,
-        data_dir_bytes: size,
-        serving_ms,
-    });
-    Ok(rows)
+            .map(|s| (s.snapshot_index, s.purged_index));
+        holds(
+            s.is_some_and(|(snapshot, purged)| {
+                snapshot + 50_000 >= last && purged + 50_000 >= last
+            }),
+            || s,
+        )
+    })
+    .await;
 }

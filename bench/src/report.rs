@@ -129,6 +129,15 @@ fn mib(b: u64) -> f64 {
 impl Report {
     /// Evaluates the targets on what was measured.
     pub fn evaluate(&mut self) {
+        let mut t = self.kv_targets();
+        t.extend(self.time_targets());
+        t.extend(self.resource_targets());
+        self.targets = t;
+    }
+
+    /// The KV targets: put throughput and latency, and get latency, beside
+    /// etcd's.
+    fn kv_targets(&self) -> Vec<Target> {
         let cs3 = PeerKind::Coordstore3.name();
         let etcd = PeerKind::Etcd3.name();
         let kv = |peer: &str, op: &str, clients: usize| {
@@ -162,6 +171,13 @@ impl Report {
                 met: a.latency.p50_ms <= b.latency.p50_ms,
             });
         }
+        t
+    }
+
+    /// The targets in time: barrier rounds, failover, restart replay.
+    fn time_targets(&self) -> Vec<Target> {
+        let cs3 = PeerKind::Coordstore3.name();
+        let mut t = Vec::new();
         for r in self
             .barrier
             .iter()
@@ -194,6 +210,13 @@ impl Report {
                 met: r.serving_ms <= 3000.0,
             });
         }
+        t
+    }
+
+    /// The targets on resources: memory, and put throughput with parked
+    /// gets.
+    fn resource_targets(&self) -> Vec<Target> {
+        let mut t = Vec::new();
         for r in self
             .memory
             .iter()
@@ -230,7 +253,7 @@ impl Report {
                 });
             }
         }
-        self.targets = t;
+        t
     }
 
     /// The markdown tables of every workload measured.
@@ -238,157 +261,210 @@ impl Report {
         let mut s = String::new();
         s.push_str(&self.machine.line());
         s.push_str("\n\n");
-        if !self.targets.is_empty() {
-            s.push_str("| target | measured | met |\n|---|---|---|\n");
-            for t in &self.targets {
-                s.push_str(&format!(
-                    "| {} | {} | {} |\n",
-                    t.target,
-                    t.measured,
-                    if t.met { "yes" } else { "**no**" }
-                ));
-            }
-            s.push('\n');
-        }
-        if !self.kv.is_empty() {
-            s.push_str("**KV** (256-byte values, clients on the leader; get = linearizable)\n\n| peer | op | clients / conns | ops/s | p50 ms | p99 ms | errors | server CPU µs/op |\n|---|---|---|---|---|---|---|---|\n");
-            for r in &self.kv {
-                s.push_str(&format!(
-                    "| {} | {} | {} / {} | {:.0} | {:.2} | {:.2} | {} | {} |\n",
-                    r.peer,
-                    r.op,
-                    r.clients,
-                    r.connections,
-                    r.ops_per_s,
-                    r.latency.p50_ms,
-                    r.latency.p99_ms,
-                    r.errors,
-                    r.server_cpu_us.map_or("-".into(), |c| format!("{c:.0}"))
-                ));
-            }
-            s.push('\n');
-            let staged: Vec<_> = self
-                .kv
-                .iter()
-                .filter_map(|r| Some((r, r.stages.as_ref()?)))
-                .collect();
-            if !staged.is_empty() {
-                s.push_str("**Where the leader's puts spent their time** (means over the measured seconds, from its `/metrics`: `queue` in the write batcher, `commit` a batch from proposal to answer, `resume` the answer until the handler runs; µs)\n\n| peer | clients | queue | commit | resume | updates per entry | fdatasync | apply a run |\n|---|---|---|---|---|---|---|---|\n");
-                let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
-                for (r, st) in staged {
-                    s.push_str(&format!(
-                        "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        r.peer,
-                        r.clients,
-                        f(st.queue_us),
-                        f(st.commit_us),
-                        f(st.resume_us),
-                        st.updates_per_entry
-                            .map_or("-".into(), |v| format!("{v:.1}")),
-                        f(st.fdatasync_us),
-                        f(st.apply_us),
-                    ));
-                }
-                s.push('\n');
-            }
-        }
-        if !self.handoff.is_empty() {
-            s.push_str("**Blocking-get hand-off** (set start → waiter woken)\n\n| peer | p50 ms | p90 ms | p99 ms | n |\n|---|---|---|---|---|\n");
-            for r in &self.handoff {
-                s.push_str(&format!(
-                    "| {} | {:.2} | {:.2} | {:.2} | {} |\n",
-                    r.peer, r.latency.p50_ms, r.latency.p90_ms, r.latency.p99_ms, r.latency.n
-                ));
-            }
-            s.push('\n');
-        }
-        if !self.barrier.is_empty() {
-            s.push_str("**Barrier** (all N tasks call at once; round = until the last returns)\n\n| peer | N | conns | register all ms | round p50 ms | p99 ms | rounds |\n|---|---|---|---|---|---|---|\n");
-            for r in &self.barrier {
-                s.push_str(&format!(
-                    "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {} |\n",
-                    r.peer,
-                    r.tasks,
-                    r.connections,
-                    r.register_ms,
-                    r.round.p50_ms,
-                    r.round.p99_ms,
-                    r.round.n
-                ));
-            }
-            s.push('\n');
-        }
-        if !self.failover.is_empty() {
-            s.push_str("**Failover** (SIGKILL of the leader under writes → first acknowledged put sent after the kill)\n\n| peer | kills | p50 ms | p90 ms | max ms |\n|---|---|---|---|---|\n");
-            for r in &self.failover {
-                let max = r.samples_ms.iter().copied().fold(0.0, f64::max);
-                s.push_str(&format!(
-                    "| {} | {} | {:.0} | {:.0} | {:.0} |\n",
-                    r.peer, r.kills, r.failover.p50_ms, r.failover.p90_ms, max
-                ));
-            }
-            s.push('\n');
-        }
-        if !self.replay.is_empty() {
-            s.push_str("**Restart replay** (SIGKILL, restart → first linearizable read of the last entry's value)\n\n| peer | case | journal entries | log entries on disk | data dir MiB | serving after ms |\n|---|---|---|---|---|---|\n");
-            for r in &self.replay {
-                s.push_str(&format!(
-                    "| {} | {} | {} | {} | {:.0} | {:.0} |\n",
-                    r.peer,
-                    r.case,
-                    r.entries,
-                    r.log_entries.map_or("–".to_string(), |n| n.to_string()),
-                    mib(r.data_dir_bytes),
-                    r.serving_ms
-                ));
-            }
-            s.push('\n');
-        }
-        if !self.parked.is_empty() {
-            s.push_str("**Parked blocking gets** (KV put, 256-byte values, while N blocking gets of unwritten keys are parked on the node)\n\n| peer | parked gets | clients | put ops/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|\n");
-            for r in &self.parked {
-                s.push_str(&format!(
-                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |\n",
-                    r.peer,
-                    r.parked,
-                    r.put.clients,
-                    r.put.ops_per_s,
-                    r.put.latency.p50_ms,
-                    r.put.latency.p99_ms,
-                    r.put.errors
-                ));
-            }
-            s.push('\n');
-        }
-        if !self.memory.is_empty() {
-            s.push_str("**Memory** (keys of 1 KiB put through the leader by 64 clients; VmRSS 3 s after the load)\n\n| peer | raw data MiB | RSS before MiB | leader RSS MiB | max RSS MiB | RSS / raw | growth / raw |\n|---|---|---|---|---|---|---|\n");
-            for r in &self.memory {
-                s.push_str(&format!(
-                    "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
-                    r.peer,
-                    mib(r.raw_bytes),
-                    mib(r.rss_before),
-                    mib(r.rss_leader),
-                    mib(r.rss_max),
-                    r.ratio,
-                    r.growth_ratio
-                ));
-            }
-            s.push('\n');
-        }
+        self.targets_markdown(&mut s);
+        self.kv_markdown(&mut s);
+        self.handoff_markdown(&mut s);
+        self.barrier_markdown(&mut s);
+        self.failover_markdown(&mut s);
+        self.replay_markdown(&mut s);
+        self.parked_markdown(&mut s);
+        self.memory_markdown(&mut s);
         s
+    }
+
+    /// Appends the markdown of the targets and whether they were met.
+    fn targets_markdown(&self, s: &mut String) {
+        if self.targets.is_empty() {
+            return;
+        }
+        s.push_str("| target | measured | met |\n|---|---|---|\n");
+        for t in &self.targets {
+            s.push_str(&format!(
+                "| {} | {} | {} |\n",
+                t.target,
+                t.measured,
+                if t.met { "yes" } else { "**no**" }
+            ));
+        }
+        s.push('\n');
+    }
+
+    /// Appends the KV table, and where the leader's puts spent their time.
+    fn kv_markdown(&self, s: &mut String) {
+        if self.kv.is_empty() {
+            return;
+        }
+        s.push_str("**KV** (256-byte values, clients on the leader; get = linearizable)\n\n| peer | op | clients / conns | ops/s | p50 ms | p99 ms | errors | server CPU µs/op |\n|---|---|---|---|---|---|---|---|\n");
+        for r in &self.kv {
+            s.push_str(&format!(
+                "| {} | {} | {} / {} | {:.0} | {:.2} | {:.2} | {} | {} |\n",
+                r.peer,
+                r.op,
+                r.clients,
+                r.connections,
+                r.ops_per_s,
+                r.latency.p50_ms,
+                r.latency.p99_ms,
+                r.errors,
+                r.server_cpu_us.map_or("-".into(), |c| format!("{c:.0}"))
+            ));
+        }
+        s.push('\n');
+        let staged: Vec<_> = self
+            .kv
+            .iter()
+            .filter_map(|r| Some((r, r.stages.as_ref()?)))
+            .collect();
+        if !staged.is_empty() {
+            s.push_str("**Where the leader's puts spent their time** (means over the measured seconds, from its `/metrics`: `queue` in the write batcher, `commit` a batch from proposal to answer, `resume` the answer until the handler runs; µs)\n\n| peer | clients | queue | commit | resume | updates per entry | fdatasync | apply a run |\n|---|---|---|---|---|---|---|---|\n");
+            let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+            for (r, st) in staged {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    r.peer,
+                    r.clients,
+                    f(st.queue_us),
+                    f(st.commit_us),
+                    f(st.resume_us),
+                    st.updates_per_entry
+                        .map_or("-".into(), |v| format!("{v:.1}")),
+                    f(st.fdatasync_us),
+                    f(st.apply_us),
+                ));
+            }
+            s.push('\n');
+        }
+    }
+
+    /// Appends the markdown of blocking-get hand-off latency.
+    fn handoff_markdown(&self, s: &mut String) {
+        if self.handoff.is_empty() {
+            return;
+        }
+        s.push_str("**Blocking-get hand-off** (set start → waiter woken)\n\n| peer | p50 ms | p90 ms | p99 ms | n |\n|---|---|---|---|---|\n");
+        for r in &self.handoff {
+            s.push_str(&format!(
+                "| {} | {:.2} | {:.2} | {:.2} | {} |\n",
+                r.peer, r.latency.p50_ms, r.latency.p90_ms, r.latency.p99_ms, r.latency.n
+            ));
+        }
+        s.push('\n');
+    }
+
+    /// Appends the markdown of barrier rounds.
+    fn barrier_markdown(&self, s: &mut String) {
+        if self.barrier.is_empty() {
+            return;
+        }
+        s.push_str("**Barrier** (all N tasks call at once; round = until the last returns)\n\n| peer | N | conns | register all ms | round p50 ms | p99 ms | rounds |\n|---|---|---|---|---|---|---|\n");
+        for r in &self.barrier {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {} |\n",
+                r.peer,
+                r.tasks,
+                r.connections,
+                r.register_ms,
+                r.round.p50_ms,
+                r.round.p99_ms,
+                r.round.n
+            ));
+        }
+        s.push('\n');
+    }
+
+    /// Appends the markdown of failovers.
+    fn failover_markdown(&self, s: &mut String) {
+        if self.failover.is_empty() {
+            return;
+        }
+        s.push_str("**Failover** (SIGKILL of the leader under writes → first acknowledged put sent after the kill)\n\n| peer | kills | p50 ms | p90 ms | max ms |\n|---|---|---|---|---|\n");
+        for r in &self.failover {
+            let max = r.samples_ms.iter().copied().fold(0.0, f64::max);
+            s.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.0} |\n",
+                r.peer, r.kills, r.failover.p50_ms, r.failover.p90_ms, max
+            ));
+        }
+        s.push('\n');
+    }
+
+    /// Appends the markdown of restart replay.
+    fn replay_markdown(&self, s: &mut String) {
+        if self.replay.is_empty() {
+            return;
+        }
+        s.push_str("**Restart replay** (SIGKILL, restart → first linearizable read of the last entry's value)\n\n| peer | case | journal entries | log entries on disk | data dir MiB | serving after ms |\n|---|---|---|---|---|---|\n");
+        for r in &self.replay {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {:.0} | {:.0} |\n",
+                r.peer,
+                r.case,
+                r.entries,
+                r.log_entries.map_or("–".to_string(), |n| n.to_string()),
+                mib(r.data_dir_bytes),
+                r.serving_ms
+            ));
+        }
+        s.push('\n');
+    }
+
+    /// Appends the markdown of put throughput with parked blocking gets.
+    fn parked_markdown(&self, s: &mut String) {
+        if self.parked.is_empty() {
+            return;
+        }
+        s.push_str("**Parked blocking gets** (KV put, 256-byte values, while N blocking gets of unwritten keys are parked on the node)\n\n| peer | parked gets | clients | put ops/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|\n");
+        for r in &self.parked {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |\n",
+                r.peer,
+                r.parked,
+                r.put.clients,
+                r.put.ops_per_s,
+                r.put.latency.p50_ms,
+                r.put.latency.p99_ms,
+                r.put.errors
+            ));
+        }
+        s.push('\n');
+    }
+
+    /// Appends the markdown of memory.
+    fn memory_markdown(&self, s: &mut String) {
+        if self.memory.is_empty() {
+            return;
+        }
+        s.push_str("**Memory** (keys of 1 KiB put through the leader by 64 clients; VmRSS 3 s after the load)\n\n| peer | raw data MiB | RSS before MiB | leader RSS MiB | max RSS MiB | RSS / raw | growth / raw |\n|---|---|---|---|---|---|---|\n");
+        for r in &self.memory {
+            s.push_str(&format!(
+                "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
+                r.peer,
+                mib(r.raw_bytes),
+                mib(r.rss_before),
+                mib(r.rss_leader),
+                mib(r.rss_max),
+                r.ratio,
+                r.growth_ratio
+            ));
+        }
+        s.push('\n');
     }
 
     /// Writes one PNG per measured workload into `dir`; returns the files.
     pub fn charts(&self, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         register_font()?;
-        let mut out = Vec::new();
-        let mut chart = |file: &str, title: &str, ylabel: &str, g: Grid, log_y: bool| {
-            let path = dir.join(file);
-            bars(&path, title, ylabel, &g.labels, &g.series, log_y)?;
-            out.push(path);
-            anyhow::Ok(())
+        let mut charts = Charts {
+            dir,
+            files: Vec::new(),
         };
+        self.kv_charts(&mut charts)?;
+        self.time_charts(&mut charts)?;
+        self.memory_chart(&mut charts)?;
+        Ok(charts.files)
+    }
+
+    /// The KV charts: put throughput and p50, get throughput.
+    fn kv_charts(&self, charts: &mut Charts<'_>) -> anyhow::Result<()> {
         let clients = |c: &usize| format!("{c} client{}", if *c == 1 { "" } else { "s" });
         for (op, file, title, ylabel, p50) in [
             (
@@ -422,16 +498,21 @@ impl Report {
                         }
                     },
                 );
-                chart(file, title, ylabel, g, false)?;
+                charts.add(file, title, ylabel, g, false)?;
             }
         }
+        Ok(())
+    }
+
+    /// The charts in time: hand-off, barrier rounds, failover, replay.
+    fn time_charts(&self, charts: &mut Charts<'_>) -> anyhow::Result<()> {
         if !self.handoff.is_empty() {
             let g = Grid::percentiles(
                 &self.handoff,
                 |r| &r.peer,
                 |r| [r.latency.p50_ms, r.latency.p90_ms, r.latency.p99_ms],
             );
-            chart("handoff.png", "Blocking-get hand-off", "ms", g, false)?;
+            charts.add("handoff.png", "Blocking-get hand-off", "ms", g, false)?;
         }
         if !self.barrier.is_empty() {
             let g = Grid::sorted(
@@ -441,7 +522,7 @@ impl Report {
                 |n| format!("N = {n}"),
                 |r| r.round.p50_ms,
             );
-            chart(
+            charts.add(
                 "barrier.png",
                 "Barrier round p50 (log scale)",
                 "ms",
@@ -460,7 +541,7 @@ impl Report {
             );
             g.labels[2] = "max".into();
             let title = "Leader SIGKILL → writes succeed again";
-            chart("failover.png", title, "ms", g, false)?;
+            charts.add("failover.png", title, "ms", g, false)?;
         }
         if !self.replay.is_empty() {
             let g = Grid::in_order(
@@ -473,8 +554,13 @@ impl Report {
                 "{} journal entries: restart → serving",
                 self.replay[0].entries
             );
-            chart("replay.png", &title, "ms", g, false)?;
+            charts.add("replay.png", &title, "ms", g, false)?;
         }
+        Ok(())
+    }
+
+    /// The memory chart.
+    fn memory_chart(&self, charts: &mut Charts<'_>) -> anyhow::Result<()> {
         if !self.memory.is_empty() {
             // Groups are the peers here, series the three figures.
             let pick = |f: fn(&MemoryRow) -> u64| -> Vec<Option<f64>> {
@@ -496,9 +582,34 @@ impl Report {
                 self.memory[0].keys,
                 mib(self.memory[0].raw_bytes)
             );
-            chart("memory.png", &title, "MiB", g, false)?;
+            charts.add("memory.png", &title, "MiB", g, false)?;
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+/// The charts of one report, as they are written.
+struct Charts<'a> {
+    /// Where they go.
+    dir: &'a Path,
+    /// The files written so far.
+    files: Vec<std::path::PathBuf>,
+}
+
+impl Charts<'_> {
+    /// Writes `g` as the grouped bar chart `file` (`log_y`: a log scale).
+    fn add(
+        &mut self,
+        file: &str,
+        title: &str,
+        ylabel: &str,
+        g: Grid,
+        log_y: bool,
+    ) -> anyhow::Result<()> {
+        let path = self.dir.join(file);
+        bars(&path, title, ylabel, &g.labels, &g.series, log_y)?;
+        self.files.push(path);
+        Ok(())
     }
 }
 

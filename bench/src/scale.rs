@@ -247,7 +247,6 @@ pub async fn run(peers: &[PeerKind], load: &Load) -> anyhow::Result<Vec<ScaleRow
 /// One peer, one N.
 async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Result<ScaleRow> {
     let m = load.namespaces.max(1);
-    let hb_ms = load.heartbeat_timeout.as_millis().to_string();
     let (servers, jobs) = match kind {
         PeerKind::Builtin => {
             let peer = Peer::launch(PeerKind::Builtin, n as u32, load.heartbeat_timeout).await?;
@@ -258,59 +257,7 @@ async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Resul
             (Servers::Builtin(peer), jobs)
         }
         _ => {
-            let nodes = if kind == PeerKind::Coordstore3 { 3 } else { 1 };
-            let hosts: Vec<String> = (0..nodes).map(node_host).collect();
-            let refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
-            let (low, high) = free_port_range(&refs, (m + 1) as u16);
-            let range = format!("{low}-{high}");
-            let tasks = if m == 1 { n } else { 1 };
-            let tasks = tasks.to_string();
-            let mut flags = vec![
-                "--tasks",
-                &tasks,
-                "--heartbeat-timeout-ms",
-                &hb_ms,
-                "--raft-heartbeat-ms",
-                "100",
-                "--election-timeout-ms",
-                "1000",
-                "--namespace-ports",
-                &range,
-            ];
-            let extra = crate::peers::SERVER_FLAGS
-                .get()
-                .cloned()
-                .unwrap_or_default();
-            flags.extend(extra.iter().map(String::as_str));
-            let cluster = Cluster::start_hosts(nodes, &flags);
-            let all: Vec<usize> = (0..nodes).collect();
-            let leader = cluster.wait_leader(&all, Duration::from_secs(60)).await;
-            let jobs = if m == 1 {
-                vec![JobSpec {
-                    tasks: n,
-                    addrs: cluster.addrs(),
-                }]
-            } else {
-                let mut jobs = Vec::new();
-                for j in 0..m {
-                    let settings = proto::coordstore::NamespaceSettings {
-                        heartbeat_timeout_ms: Some(load.heartbeat_timeout.as_millis() as u64),
-                        ..ns::tasks((n / m) as u32)
-                    };
-                    let info =
-                        ns::create(&cluster.nodes[leader].addr, &format!("job-{j}"), settings)
-                            .await
-                            .map_err(|e| anyhow::anyhow!("create job-{j}: {e}"))?;
-                    jobs.push(JobSpec {
-                        tasks: n / m,
-                        addrs: (0..nodes).map(|i| ns::addr(&cluster, i, &info)).collect(),
-                    });
-                }
-                for j in 0..m {
-                    ns::wait_serving(&cluster, &format!("job-{j}"), Duration::from_secs(120)).await;
-                }
-                jobs
-            };
+            let (cluster, jobs) = start_coordstore(kind, n, load).await?;
             (Servers::Coordstore(cluster), jobs)
         }
     };
@@ -341,6 +288,92 @@ async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Resul
             return Ok(row);
         }
     };
+    run_phases(&mut sim, &servers, &pids, load, &mut row).await;
+    if row.outcome == "ok" {
+        if let Some(e) = row.phases.iter().find_map(|p| p.first_error.clone()) {
+            row.outcome = format!("errors: {e}");
+        }
+    }
+    drop(sim);
+    drop(servers);
+    Ok(row)
+}
+
+/// A coordstore cluster of `kind` for `n` tasks: one job in the default
+/// namespace, or `load.namespaces` jobs of n/M tasks, a namespace each,
+/// served on every node; the cluster and the jobs.
+async fn start_coordstore(
+    kind: PeerKind,
+    n: usize,
+    load: &Load,
+) -> anyhow::Result<(Cluster, Vec<JobSpec>)> {
+    let m = load.namespaces.max(1);
+    let hb_ms = load.heartbeat_timeout.as_millis().to_string();
+    let nodes = if kind == PeerKind::Coordstore3 { 3 } else { 1 };
+    let hosts: Vec<String> = (0..nodes).map(node_host).collect();
+    let refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    let (low, high) = free_port_range(&refs, (m + 1) as u16);
+    let range = format!("{low}-{high}");
+    let tasks = if m == 1 { n } else { 1 };
+    let tasks = tasks.to_string();
+    let mut flags = vec![
+        "--tasks",
+        &tasks,
+        "--heartbeat-timeout-ms",
+        &hb_ms,
+        "--raft-heartbeat-ms",
+        "100",
+        "--election-timeout-ms",
+        "1000",
+        "--namespace-ports",
+        &range,
+    ];
+    let extra = crate::peers::SERVER_FLAGS
+        .get()
+        .cloned()
+        .unwrap_or_default();
+    flags.extend(extra.iter().map(String::as_str));
+    let cluster = Cluster::start_hosts(nodes, &flags);
+    let all: Vec<usize> = (0..nodes).collect();
+    let leader = cluster.wait_leader(&all, Duration::from_secs(60)).await;
+    let jobs = if m == 1 {
+        vec![JobSpec {
+            tasks: n,
+            addrs: cluster.addrs(),
+        }]
+    } else {
+        let mut jobs = Vec::new();
+        for j in 0..m {
+            let settings = proto::coordstore::NamespaceSettings {
+                heartbeat_timeout_ms: Some(load.heartbeat_timeout.as_millis() as u64),
+                ..ns::tasks((n / m) as u32)
+            };
+            let info = ns::create(&cluster.nodes[leader].addr, &format!("job-{j}"), settings)
+                .await
+                .map_err(|e| anyhow::anyhow!("create job-{j}: {e}"))?;
+            jobs.push(JobSpec {
+                tasks: n / m,
+                addrs: (0..nodes).map(|i| ns::addr(&cluster, i, &info)).collect(),
+            });
+        }
+        for j in 0..m {
+            ns::wait_serving(&cluster, &format!("job-{j}"), Duration::from_secs(120)).await;
+        }
+        jobs
+    };
+    Ok((cluster, jobs))
+}
+
+/// Runs the job's phases on `sim`, each into `row` with the servers' CPU
+/// seconds, RSS and log growth; ends after a phase with errors (but the
+/// steady one), naming them in the outcome.
+async fn run_phases(
+    sim: &mut Sim,
+    servers: &Servers,
+    pids: &[Option<u32>],
+    load: &Load,
+    row: &mut ScaleRow,
+) {
     for phase in ["register", "exchange", "barrier", "steady", "shutdown"] {
         let cpu0: Vec<f64> = pids.iter().map(|p| p.map_or(0.0, cpu_seconds)).collect();
         let log0 = servers.log_index().await;
@@ -390,14 +423,6 @@ async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Resul
             break;
         }
     }
-    if row.outcome == "ok" {
-        if let Some(e) = row.phases.iter().find_map(|p| p.first_error.clone()) {
-            row.outcome = format!("errors: {e}");
-        }
-    }
-    drop(sim);
-    drop(servers);
-    Ok(row)
 }
 
 /// The markdown tables.
@@ -434,38 +459,8 @@ pub fn table(rows: &[ScaleRow]) -> String {
         let (cpu, entries) = r.steady().map_or(("–".into(), "–".into()), |(c, e)| {
             (format!("{c:.1}"), format!("{e:.2}"))
         });
-        let p99 = |kind: &str| {
-            r.phases
-                .iter()
-                .filter_map(|p| p.calls.get(kind))
-                .filter(|c| c.ok > 0)
-                .map(|c| c.p99_ms)
-                .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
-                .map_or("–".into(), |v| format!("{v:.0}"))
-        };
-        let cpu_phases: Vec<String> = r
-            .phases
-            .iter()
-            .map(|p| {
-                let lead: f64 = p
-                    .servers
-                    .iter()
-                    .filter(|s| s.role != "follower")
-                    .map(|s| s.cpu_s)
-                    .sum();
-                let fol: Vec<String> = p
-                    .servers
-                    .iter()
-                    .filter(|s| s.role == "follower")
-                    .map(|s| format!("{:.1}", s.cpu_s))
-                    .collect();
-                if fol.is_empty() {
-                    format!("{} {lead:.1}", p.phase)
-                } else {
-                    format!("{} {lead:.1} ({})", p.phase, fol.join(", "))
-                }
-            })
-            .collect();
+        let p99 = |kind: &str| p99_ms(r, kind);
+        let cpu_phases: Vec<String> = r.phases.iter().map(phase_cpu).collect();
         md.push_str(&format!(
             "| {} | {} | {} | {cpu} | {entries} | {} / {} / {} / {} / {} | {} |\n",
             r.peer,
@@ -480,6 +475,39 @@ pub fn table(rows: &[ScaleRow]) -> String {
         ));
     }
     md
+}
+
+/// The largest p99 of `kind` calls over `r`'s phases, ms ("–": none
+/// answered).
+fn p99_ms(r: &ScaleRow, kind: &str) -> String {
+    r.phases
+        .iter()
+        .filter_map(|p| p.calls.get(kind))
+        .filter(|c| c.ok > 0)
+        .map(|c| c.p99_ms)
+        .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+        .map_or("–".into(), |v| format!("{v:.0}"))
+}
+
+/// A phase's CPU seconds: "phase leader (followers)".
+fn phase_cpu(p: &PhaseRow) -> String {
+    let lead: f64 = p
+        .servers
+        .iter()
+        .filter(|s| s.role != "follower")
+        .map(|s| s.cpu_s)
+        .sum();
+    let fol: Vec<String> = p
+        .servers
+        .iter()
+        .filter(|s| s.role == "follower")
+        .map(|s| format!("{:.1}", s.cpu_s))
+        .collect();
+    if fol.is_empty() {
+        format!("{} {lead:.1}", p.phase)
+    } else {
+        format!("{} {lead:.1} ({})", p.phase, fol.join(", "))
+    }
 }
 
 /// The chart: time per phase against N, one line per peer and phase, log

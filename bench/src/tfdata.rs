@@ -103,6 +103,65 @@ async fn measure(
 ) -> anyhow::Result<Vec<Row>> {
     let mut c: DispatcherServiceClient<Channel> =
         DispatcherServiceClient::new(wire::channel(addr).await);
+    let Requests {
+        heartbeat,
+        job,
+        worker,
+        split,
+    } = set_up(&mut c, dataset_def).await?;
+    let mut rows = Vec::new();
+    for call in CALLS {
+        let mut samples = Vec::with_capacity(iterations);
+        for i in 0..iterations + 20 {
+            let t = Instant::now();
+            match call {
+                "ClientHeartbeat" => drop(c.client_heartbeat(heartbeat).await?),
+                "GetOrCreateJob" => drop(c.get_or_create_job(job.clone()).await?),
+                "GetSplit" => {
+                    let r = c.get_split(split).await?.into_inner();
+                    anyhow::ensure!(!r.end_of_splits, "{peer}: out of splits");
+                }
+                _ => drop(c.worker_heartbeat(worker.clone()).await?),
+            }
+            // The first 20 calls warm up.
+            if i >= 20 {
+                samples.push(t.elapsed());
+            }
+        }
+        let mut splits_per_s = Vec::new();
+        if call == "GetSplit" {
+            for &callers in &load.callers {
+                let rate = split_throughput(addr, split, callers, load.seconds).await?;
+                eprintln!("tfdata: {peer}: {callers} callers, {rate:.0} splits/s");
+                splits_per_s.push((callers, rate));
+            }
+        }
+        rows.push(Row {
+            peer: peer.into(),
+            call: call.into(),
+            latency: summarize(&mut samples),
+            splits_per_s,
+        });
+    }
+    Ok(rows)
+}
+
+/// The requests [`measure`] times: a client's heartbeat in an iteration of
+/// a named job, that job's get-or-create, a worker's heartbeat, and a split
+/// of a DYNAMIC job of the same dataset.
+struct Requests {
+    heartbeat: ClientHeartbeatRequest,
+    job: GetOrCreateJobRequest,
+    worker: WorkerHeartbeatRequest,
+    split: GetSplitRequest,
+}
+
+/// Sets up a dataset, a named job, an iteration client, a worker and a
+/// DYNAMIC job through `c`; the requests to time.
+async fn set_up(
+    c: &mut DispatcherServiceClient<Channel>,
+    dataset_def: &[u8],
+) -> anyhow::Result<Requests> {
     let dataset_id = c
         .get_or_register_dataset(GetOrRegisterDatasetRequest {
             dataset: dataset_def.to_vec().into(),
@@ -153,47 +212,18 @@ async fn measure(
         repetition: 1,
     })
     .await?;
-    let iteration_id = dynamic_iteration(&mut c, dynamic_job, worker.clone()).await?;
+    let iteration_id = dynamic_iteration(c, dynamic_job, worker.clone()).await?;
     let split = GetSplitRequest {
         iteration_id,
         repetition: 0,
         split_provider_index: 0,
     };
-    let mut rows = Vec::new();
-    for call in CALLS {
-        let mut samples = Vec::with_capacity(iterations);
-        for i in 0..iterations + 20 {
-            let t = Instant::now();
-            match call {
-                "ClientHeartbeat" => drop(c.client_heartbeat(heartbeat).await?),
-                "GetOrCreateJob" => drop(c.get_or_create_job(job.clone()).await?),
-                "GetSplit" => {
-                    let r = c.get_split(split).await?.into_inner();
-                    anyhow::ensure!(!r.end_of_splits, "{peer}: out of splits");
-                }
-                _ => drop(c.worker_heartbeat(worker.clone()).await?),
-            }
-            // The first 20 calls warm up.
-            if i >= 20 {
-                samples.push(t.elapsed());
-            }
-        }
-        let mut splits_per_s = Vec::new();
-        if call == "GetSplit" {
-            for &callers in &load.callers {
-                let rate = split_throughput(addr, split, callers, load.seconds).await?;
-                eprintln!("tfdata: {peer}: {callers} callers, {rate:.0} splits/s");
-                splits_per_s.push((callers, rate));
-            }
-        }
-        rows.push(Row {
-            peer: peer.into(),
-            call: call.into(),
-            latency: summarize(&mut samples),
-            splits_per_s,
-        });
-    }
-    Ok(rows)
+    Ok(Requests {
+        heartbeat,
+        job,
+        worker,
+        split,
+    })
 }
 
 /// Splits per second that `callers` callers, each on its own connection,
@@ -658,7 +688,6 @@ pub async fn run(iterations: usize, load: &SplitLoad) -> anyhow::Result<Vec<Row>
 /// per second by callers, each also as a multiple of TF's fault-tolerant
 /// dispatcher's at the same count.
 pub fn table(rows: &[Row]) -> String {
-    const TF_FT: &str = "TF 2.21 dispatcher, fault tolerant";
     let mut s = String::from("| peer |");
     for call in CALLS {
         s.push_str(&format!(" {call} p50 / p99 ms |"));
@@ -693,6 +722,17 @@ pub fn table(rows: &[Row]) -> String {
         }
         s.push_str(&format!(" {} |\n", ratios.join(" / ")));
     }
+    s.push_str(&splits_table(rows, &peers));
+    s
+}
+
+/// TF's fault-tolerant dispatcher, what the tables compare with.
+const TF_FT: &str = "TF 2.21 dispatcher, fault tolerant";
+
+/// The markdown table of the splits per second of `peers` by callers, each
+/// also as a multiple of TF's fault-tolerant dispatcher's at the same count
+/// (empty without split rates).
+fn splits_table(rows: &[Row], peers: &[&str]) -> String {
     let rates = |peer: &str| -> Vec<(usize, f64)> {
         rows.iter()
             .find(|r| r.peer == peer && r.call == "GetSplit")
@@ -703,9 +743,9 @@ pub fn table(rows: &[Row]) -> String {
         .map(|(c, _)| *c)
         .collect();
     if callers.is_empty() {
-        return s;
+        return String::new();
     }
-    s.push_str("\n| GetSplit, callers pulling at once |");
+    let mut s = String::from("\n| GetSplit, callers pulling at once |");
     for c in &callers {
         s.push_str(&format!(" {c}: splits/s (vs TF FT) |"));
     }
@@ -713,7 +753,7 @@ pub fn table(rows: &[Row]) -> String {
     s.push_str(&"---|".repeat(callers.len()));
     s.push('\n');
     let ft = rates(TF_FT);
-    for peer in &peers {
+    for peer in peers {
         s.push_str(&format!("| {peer} |"));
         let mine = rates(peer);
         for c in &callers {

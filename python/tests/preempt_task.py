@@ -1,5 +1,6 @@
 """A task of test_preemption.py's job, counting steps until the preemption
-sync point and printing `ready`, then `sync STEP`.
+sync point and printing `ready`, `counting` once its first step is counted,
+then `sync STEP`.
 
     python preempt_task.py jax ADDRESS NUM_TASKS TASK_ID   # stock jaxlib
     python preempt_task.py py ENDPOINTS TASK_ID            # coordstore.Agent,
@@ -16,6 +17,8 @@ def steps(reached) -> None:
         if reached(step):
             print(f"sync {step}", flush=True)
             return
+        if step == 0:
+            print("counting", flush=True)
         time.sleep(0.02)
 
 

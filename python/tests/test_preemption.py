@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from conftest import wait_for
@@ -23,7 +22,8 @@ def test_python_and_jax_tasks_agree_on_one_sync_point(cluster_factory, procs):
     tasks += [procs.spawn(task, "py", ",".join(c.addrs), str(i), **out) for i in (2, 3)]
     for t in tasks:
         assert t.stdout.readline().strip() == "ready"
-    time.sleep(0.5)  # every task is counting steps
+    for t in tasks:  # every task is counting steps
+        assert t.stdout.readline().strip() == "counting"
     tasks[2].send_signal(signal.SIGTERM)
     lines = [t.stdout.readline().strip() for t in tasks]
     assert all(l.startswith("sync ") for l in lines), lines

@@ -36,6 +36,13 @@ RuntimeError) whose message starts with "CODE: ".
 Every run is bounded by --deadline (a watchdog prints a failing
 "watchdog" line and exits 124; a faulthandler backstop exits a few seconds
 later even if the interpreter is wedged).
+
+Where `ops` needs a blocking get to be parked before it sets the key (a
+wake-up, a cross-task handoff) it reads the parked gets off the coordstore
+node's status (`$COORDSTORE_BIN ctl status`; the Rust harness sets
+COORDSTORE_BIN).  Against jaxlib's own service (COORDSTORE_BIN unset) or an
+address without coordstore's Node API (a relay, a namespace port) there is
+nothing to read, and it gives the get a bounded pause instead.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -148,6 +156,78 @@ def eq(got, want, what: str = "value") -> None:
 
 
 # --------------------------------------------------------------------------
+# evidence of parked calls
+
+
+class NoNodeApi(Exception):
+    """There is no coordstore Node API to ask at --address."""
+
+
+def parked_kv_gets(args) -> int:
+    """Blocking gets parked at the coordstore node at --address now: its
+    status' parked_by_kind["kv_get"], read with `$COORDSTORE_BIN ctl status`
+    (the Rust harness sets COORDSTORE_BIN).  Raises NoNodeApi without
+    COORDSTORE_BIN (jaxlib's own service, as selftest_builtin.sh runs it) and
+    where the address serves no Node API (UNIMPLEMENTED: a relay, a
+    namespace port); RuntimeError when the status read fails otherwise."""
+    binary = os.environ.get("COORDSTORE_BIN")
+    if not binary:
+        raise NoNodeApi("COORDSTORE_BIN is not set")
+    cmd = [binary, "ctl", "--endpoint", args.address]
+    if args.mtls_ca:
+        cmd += ["--tls-ca", args.mtls_ca]
+        if args.mtls_cert and args.mtls_key:
+            cmd += ["--tls-cert", args.mtls_cert, "--tls-key", args.mtls_key]
+    cmd.append("status")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    if r.returncode != 0:
+        why = r.stderr.strip()
+        if "UNIMPLEMENTED" in why:
+            raise NoNodeApi(why)
+        raise RuntimeError(why or f"coordstore ctl status exited {r.returncode}")
+    return int(json.loads(r.stdout).get("parked_by_kind", {}).get("kv_get", 0))
+
+
+def parked_gets_now(args) -> int:
+    """parked_kv_gets, or 0 where it cannot be read (a wait counting from it
+    then falls back or fails, naming why)."""
+    try:
+        return parked_kv_gets(args)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def wait_parked_gets(args, before: int, more: int, within_s: float, grace_s: float) -> dict:
+    """Waits until `more` blocking gets beyond the `before` counted earlier
+    are parked at the coordstore node at --address (parked_kv_gets; a get
+    whose caller timed out may stay counted), for up to `within_s`; raises
+    CheckFailed naming the last count seen if they never are.  Where there
+    is no Node API to ask (see NoNodeApi) it can only give the calls
+    `grace_s` to get there, a bounded pause that proves nothing, and says so
+    in the detail it returns."""
+    if more <= 0:
+        return {}
+    deadline = time.monotonic() + within_s
+    pause, last = 0.01, "nothing"
+    while True:
+        try:
+            parked = parked_kv_gets(args)
+            if parked >= before + more:
+                return {"parked_gets": parked, "parked_before": before}
+            last = f"{parked} parked, {before} before"
+        except NoNodeApi as e:
+            time.sleep(grace_s)
+            return {"parked_gets": "not observable", "why": short(e, 160)}
+        except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+            last = short(e, 160)
+        if time.monotonic() >= deadline:
+            raise CheckFailed(f"{more} more blocking get(s) never parked at {args.address} "
+                              f"within {within_s:.0f} s; last seen: {last}")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+# --------------------------------------------------------------------------
 # ops
 
 
@@ -163,6 +243,8 @@ class Ops:
         self.client = None
         self.results: list[tuple[str, bool]] = []
         self.incarnations: dict[int, int] | None = None
+        # Gets parked at the node as the cooperative KV phase begins.
+        self.parked_before_kv = 0
 
     # -- bookkeeping
     def check(self, name: str, fn, *a) -> bool:
@@ -226,7 +308,13 @@ class Ops:
         self.check("kv_try_get_bytes_missing",
                    lambda: expect_error("NOT_FOUND", c.key_value_try_get_bytes, f"{T}/missing"))
         self.check("kv_blocking_get_timeout", self.kv_blocking_get_timeout)
-        self.check("kv_blocking_get_wakes", self.kv_blocking_get_wakes)
+        # The tasks take this one in turn: its wait for the get to be parked
+        # counts the node's parked gets, which must be this task's alone.
+        for j in range(n):
+            self.phase(f"wakes_{j}")
+            if j == k:
+                self.check("kv_blocking_get_wakes", self.kv_blocking_get_wakes)
+        self.phase("woken")
         self.check("kv_key_normalization", self.kv_key_normalization)
         self.check("kv_dir_get", self.kv_dir_get)
         self.check("kv_dir_get_trailing_slash", self.kv_dir_get_trailing_slash)
@@ -239,6 +327,8 @@ class Ops:
         self.check("kv_increment_not_integer", self.kv_increment_not_integer)
 
         # ---------------- cooperative KV
+        if k == 0:  # (no get is in flight between "woken" and "kv")
+            self.parked_before_kv = parked_gets_now(self.args)
         self.phase("kv")
         self.check("kv_cross_task_blocking_get", self.kv_cross_task_blocking_get)
         self.check("kv_exchange_all", self.kv_exchange_all)
@@ -376,21 +466,33 @@ class Ops:
 
     def kv_blocking_get_wakes(self):
         c, T = self.client, self.T
+        seen: dict = {}
+        before = parked_gets_now(self.args)
 
         def later():
-            time.sleep(0.3)
-            c.key_value_set(f"{T}/late", "arrived")
+            # The key is set once the get is parked, so that the set wakes it.
+            try:
+                seen.update(wait_parked_gets(self.args, before, 1, self.to / 2000, 0.3))
+            except CheckFailed as e:
+                seen["failed"] = str(e)
+            finally:
+                seen["set_at"] = time.monotonic()
+                c.key_value_set(f"{T}/late", "arrived")
 
         th = threading.Thread(target=later, daemon=True)
         t0 = time.monotonic()
         th.start()
         v = c.blocking_key_value_get(f"{T}/late", self.to)
-        el = (time.monotonic() - t0) * 1000
+        returned_at = time.monotonic()
+        el = (returned_at - t0) * 1000
         th.join(5)
+        if "failed" in seen:
+            raise CheckFailed(seen["failed"])
         eq(v, "arrived")
-        if el < 250:
+        set_at = seen.pop("set_at", returned_at)
+        if returned_at < set_at:
             raise CheckFailed(f"returned after {el:.0f} ms, before the key was set")
-        return {"waited_ms": round(el, 1)}
+        return {"waited_ms": round(el, 1), **seen}
 
     def kv_key_normalization(self):
         c, T = self.client, self.T
@@ -453,13 +555,21 @@ class Ops:
     # -- cooperative KV
     def kv_cross_task_blocking_get(self):
         c, S = self.client, self.S
+        seen: dict = {}
         if self.k == 0:
-            time.sleep(0.5)  # peers are parked in GetKeyValue by now
-            c.key_value_set(f"{S}/from0", "hello-from-0")
+            # The key is set once every peer is parked in GetKeyValue on it:
+            # past the "kv" phase no other get is asked for, and those parked
+            # before it are counted in parked_before_kv (the tasks share
+            # --address).
+            try:
+                seen = wait_parked_gets(self.args, self.parked_before_kv, self.n - 1,
+                                        self.to / 2000, 0.5)
+            finally:
+                c.key_value_set(f"{S}/from0", "hello-from-0")
         t0 = time.monotonic()
         v = c.blocking_key_value_get(f"{S}/from0", self.to)
         eq(v, "hello-from-0")
-        return {"waited_ms": round((time.monotonic() - t0) * 1000, 1)}
+        return {"waited_ms": round((time.monotonic() - t0) * 1000, 1), **seen}
 
     def kv_exchange_all(self):
         c, S = self.client, self.S

@@ -9,6 +9,7 @@ pub mod lazyfs;
 pub mod ns;
 pub mod pki;
 pub mod proxy;
+pub mod wait;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::wait::{eventually, holds};
 use journal::pb::{coordination::KvInsert, update::Command as Cmd, Origin};
 use journal::Update;
 use prost::Message;
@@ -43,26 +45,30 @@ pub fn workspace() -> PathBuf {
 /// The `coordstore` binary of this build (`COORDSTORE_BIN`, or next to the
 /// running executable or its `deps/` folder). `cargo test --workspace` builds it.
 pub fn coordstore_bin() -> PathBuf {
+    built_coordstore_bin().unwrap_or_else(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        panic!(
+            "{} is missing: build it with `cargo build -p coordstore-service` (cargo test --workspace does)",
+            exe.with_file_name("coordstore").display()
+        )
+    })
+}
+
+/// [`coordstore_bin`], or None where it is not built.
+fn built_coordstore_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("COORDSTORE_BIN") {
-        return PathBuf::from(p);
+        return Some(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().expect("test executable path");
-    let here = exe.parent().expect("executable dir");
+    let exe = std::env::current_exe().ok()?;
+    let here = exe.parent()?;
     // A binary beside us (target/release/coordstore-bench), or one level up
     // from a test executable in target/debug/deps.
-    let bin = [
+    [
         here.join("coordstore"),
         here.parent().unwrap_or(here).join("coordstore"),
     ]
     .into_iter()
     .find(|p| p.exists())
-    .unwrap_or_else(|| here.join("coordstore"));
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p coordstore-service` (cargo test --workspace does)",
-        bin.display()
-    );
-    bin
 }
 
 /// The `coordstore` binary of the last build before namespaces (commit
@@ -606,59 +612,54 @@ impl Cluster {
     /// Waits until every running node `i` in `among` agrees on one leader;
     /// returns the leader's index.
     pub async fn wait_leader(&self, among: &[usize], wait: Duration) -> usize {
-        let deadline = Instant::now() + wait;
-        loop {
-            let mut leaders = BTreeMap::new();
-            for &i in among {
-                if let Some(s) = try_status(&self.nodes[i].addr).await {
-                    if s.leader_id != 0 {
-                        leaders.insert(i, s.leader_id);
+        crate::wait::wait(format!("an agreed leader among {among:?}"), wait)
+            .context(|| self.logs())
+            .until(|| async {
+                let mut leaders = BTreeMap::new();
+                for &i in among {
+                    if let Some(s) = try_status(&self.nodes[i].addr).await {
+                        if s.leader_id != 0 {
+                            leaders.insert(i, s.leader_id);
+                        }
                     }
                 }
-            }
-            let ids: std::collections::BTreeSet<u64> = leaders.values().copied().collect();
-            if leaders.len() == among.len() && ids.len() == 1 {
-                let id = *ids.iter().next().expect("one leader");
-                if let Some(i) = self.nodes.iter().position(|n| n.id == id) {
-                    return i;
+                let ids: std::collections::BTreeSet<u64> = leaders.values().copied().collect();
+                if leaders.len() == among.len() && ids.len() == 1 {
+                    let id = *ids.iter().next().expect("one leader");
+                    if let Some(i) = self.nodes.iter().position(|n| n.id == id) {
+                        return Ok(i);
+                    }
                 }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no agreed leader among {among:?} within {wait:?}: {leaders:?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+                Err(leaders)
+            })
+            .await
     }
 
     /// Waits until nodes `among` have applied the same index and hold the
     /// same state digest; returns that digest.
     pub async fn wait_converged(&self, among: &[usize], wait: Duration) -> String {
-        let deadline = Instant::now() + wait;
-        loop {
-            let mut seen = Vec::new();
-            for &i in among {
-                seen.push(try_status(&self.nodes[i].addr).await);
-            }
-            let all: Vec<&StatusResponse> = seen.iter().flatten().collect();
-            if all.len() == among.len()
-                && all.windows(2).all(|w| {
-                    w[0].last_applied == w[1].last_applied && w[0].state_digest == w[1].state_digest
-                })
-            {
-                return all[0].state_digest.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nodes {among:?} did not converge within {wait:?}: {:?}\n{}",
-                all.iter()
+        crate::wait::wait(format!("nodes {among:?} to converge"), wait)
+            .context(|| self.logs())
+            .until(|| async {
+                let mut seen = Vec::new();
+                for &i in among {
+                    seen.push(try_status(&self.nodes[i].addr).await);
+                }
+                let all: Vec<&StatusResponse> = seen.iter().flatten().collect();
+                if all.len() == among.len()
+                    && all.windows(2).all(|w| {
+                        w[0].last_applied == w[1].last_applied
+                            && w[0].state_digest == w[1].state_digest
+                    })
+                {
+                    return Ok(all[0].state_digest.clone());
+                }
+                Err(all
+                    .iter()
                     .map(|s| (s.node_id, s.last_applied, s.state_digest.clone()))
-                    .collect::<Vec<_>>(),
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+                    .collect::<Vec<_>>())
+            })
+            .await
     }
 }
 
@@ -703,17 +704,11 @@ pub async fn journal_state(addr: &str) -> journal::State {
 /// Waits until the journal state at `addr` satisfies `cond`, or panics after
 /// `wait`.
 pub async fn wait_state(addr: &str, wait: Duration, cond: impl Fn(&journal::State) -> bool) {
-    let deadline = Instant::now() + wait;
-    loop {
-        if cond(&journal_state(addr).await) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the journal state at {addr} did not reach the condition in {wait:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("the journal state at {addr} to reach the condition");
+    eventually(what, wait, || async {
+        holds(cond(&journal_state(addr).await), || "not reached")
+    })
+    .await;
 }
 
 /// How many client calls are parked at the node at `addr` now.
@@ -724,18 +719,15 @@ pub async fn parked_calls(addr: &str) -> u64 {
 /// Waits until at least `at_least` client calls are parked at the node at
 /// `addr` (its status' `parked_calls`), or panics after `wait`.
 pub async fn wait_parked(addr: &str, at_least: u64, wait: Duration) {
-    let deadline = Instant::now() + wait;
-    loop {
-        let parked = try_status(addr).await.map_or(0, |s| s.parked_calls);
-        if parked >= at_least {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{parked} calls parked at {addr} after {wait:?}, want {at_least}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        format!("{at_least} calls parked at {addr}"),
+        wait,
+        || async {
+            let parked = parked_calls(addr).await;
+            holds(parked >= at_least, || format!("{parked} parked"))
+        },
+    )
+    .await;
 }
 
 /// The status of the node at `addr`, if it answers within a second.
@@ -951,9 +943,11 @@ pub mod jax {
     use std::path::PathBuf;
     use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+    use std::thread::JoinHandle;
+    use std::time::Duration;
 
-    use super::workspace;
+    use super::{built_coordstore_bin, workspace};
+    use crate::wait::{eventually_blocking, holds, wait};
 
     /// The Python 3.12 of the jaxlib venv made by `scripts/setup-jax.sh`
     /// (or `COORDSTORE_JAX_PYTHON`).
@@ -996,6 +990,8 @@ pub mod jax {
         child: Child,
         stdin: Option<ChildStdin>,
         lines: Arc<Mutex<Vec<String>>>,
+        /// Reads stdout into `lines` to its end.
+        reader: JoinHandle<()>,
         /// What it runs, for messages.
         pub label: String,
         stderr: PathBuf,
@@ -1016,7 +1012,9 @@ pub mod jax {
         }
 
         /// Runs `tests/python/<script> <args>` with the Python at `python`
-        /// and `env` added to the environment.
+        /// and `env` added to the environment, and `COORDSTORE_BIN` naming
+        /// this build's `coordstore` where it is built (for the node's
+        /// status, `jax_client.py`).
         pub fn spawn_with(
             python: &std::path::Path,
             script_name: &str,
@@ -1047,11 +1045,14 @@ pub mod jax {
                     Ok(())
                 });
             }
+            if let Some(bin) = built_coordstore_bin() {
+                cmd.env("COORDSTORE_BIN", bin);
+            }
             let mut child = cmd.spawn().expect("spawn python");
             let stdout = child.stdout.take().expect("stdout");
             let lines = Arc::new(Mutex::new(Vec::new()));
             let sink = lines.clone();
-            std::thread::spawn(move || {
+            let reader = std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                     sink.lock().unwrap().push(line);
                 }
@@ -1060,6 +1061,7 @@ pub mod jax {
                 stdin: child.stdin.take(),
                 child,
                 lines,
+                reader,
                 label,
                 stderr,
             }
@@ -1076,24 +1078,23 @@ pub mod jax {
         }
 
         /// Waits until a stdout line equals `line`.
-        pub fn wait_line(&mut self, line: &str, wait: Duration) {
-            let deadline = Instant::now() + wait;
-            while !self.lines().iter().any(|l| l == line) {
-                if let Ok(Some(status)) = self.child.try_wait() {
-                    panic!(
-                        "{} exited ({status}) before printing {line}\n{}",
-                        self.label,
-                        self.report()
-                    );
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{} did not print {line}\n{}",
-                    self.label,
-                    self.report()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+        pub fn wait_line(&mut self, line: &str, within: Duration) {
+            let (label, lines, stderr) = (&self.label, &self.lines, &self.stderr);
+            let child = &mut self.child;
+            wait(format!("{label} to print {line}"), within)
+                .context(|| report(label, lines, stderr))
+                .until_blocking(|| {
+                    if lines.lock().unwrap().iter().any(|l| l == line) {
+                        return Ok(());
+                    }
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!(
+                            "{label} exited ({status}) before printing {line}\n{}",
+                            report(label, lines, stderr)
+                        );
+                    }
+                    Err("not printed")
+                });
         }
 
         /// Writes a line to its stdin.
@@ -1109,25 +1110,19 @@ pub mod jax {
             }
         }
 
-        /// Waits for the exit within `wait` (SIGKILL and panic after it).
-        pub fn wait_exit(&mut self, wait: Duration) -> ExitStatus {
-            let deadline = Instant::now() + wait;
-            loop {
-                if let Some(status) = self.child.try_wait().expect("try_wait") {
-                    // Let the reader thread drain the last lines.
-                    std::thread::sleep(Duration::from_millis(50));
-                    return status;
-                }
-                if Instant::now() >= deadline {
-                    let _ = self.child.kill();
-                    panic!(
-                        "{} still running after {wait:?}\n{}",
-                        self.label,
-                        self.report()
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+        /// Waits for the exit within `within` (panic after it; dropping the
+        /// process SIGKILLs it), then until its last stdout lines are read.
+        pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+            let (label, lines, stderr) = (&self.label, &self.lines, &self.stderr);
+            let child = &mut self.child;
+            let status = wait(format!("{label} to exit"), within)
+                .context(|| report(label, lines, stderr))
+                .until_blocking(|| child.try_wait().expect("try_wait").ok_or("still running"));
+            let reader = &self.reader;
+            eventually_blocking(format!("the end of {label}'s stdout"), READ_TO_END, || {
+                holds(reader.is_finished(), || "still reading")
+            });
+            status
         }
 
         /// The JSON check lines whose `ok` is false.
@@ -1165,15 +1160,23 @@ pub mod jax {
 
         /// Stdout and the tail of stderr, for failure messages.
         pub fn report(&self) -> String {
-            let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-            let tail: Vec<&str> = err.lines().rev().take(30).collect();
-            format!(
-                "--- {} stdout ---\n{}\n--- stderr (tail) ---\n{}",
-                self.label,
-                self.lines().join("\n"),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            )
+            report(&self.label, &self.lines, &self.stderr)
         }
+    }
+
+    /// How long the reader of an exited process' stdout may take to its end.
+    const READ_TO_END: Duration = Duration::from_secs(10);
+
+    /// The stdout `lines` and the tail of the `stderr` file of the process
+    /// `label`, for failure messages.
+    fn report(label: &str, lines: &Mutex<Vec<String>>, stderr: &std::path::Path) -> String {
+        let err = std::fs::read_to_string(stderr).unwrap_or_default();
+        let tail: Vec<&str> = err.lines().rev().take(30).collect();
+        format!(
+            "--- {label} stdout ---\n{}\n--- stderr (tail) ---\n{}",
+            lines.lock().unwrap().join("\n"),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
     }
 
     impl Drop for PyProc {

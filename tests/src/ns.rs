@@ -1,7 +1,7 @@
 //! Namespaces from a test: the Node API's lifecycle calls, requests in a
 //! namespace by header, and waits on what a node reports of them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proto::coordstore::{
     CreateNamespaceRequest, ListNamespacesRequest, NamespaceInfo, NamespaceRequest,
@@ -82,20 +82,19 @@ pub async fn wait_info(
     wait: Duration,
     cond: impl Fn(&NamespaceInfo) -> bool,
 ) -> NamespaceInfo {
-    let deadline = Instant::now() + wait;
-    loop {
-        let last = match get(&cluster.nodes[i].addr, name).await {
-            Ok(info) if cond(&info) => return info,
-            other => other,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "namespace {name} on node {} did not reach the condition in {wait:?}: {last:?}\n{}",
-            cluster.nodes[i].id,
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!(
+        "namespace {name} on node {} to reach the condition",
+        cluster.nodes[i].id
+    );
+    crate::wait::wait(what, wait)
+        .context(|| cluster.logs())
+        .until(|| async {
+            match get(&cluster.nodes[i].addr, name).await {
+                Ok(info) if cond(&info) => Ok(info),
+                other => Err(other),
+            }
+        })
+        .await
 }
 
 /// Waits until every node of `cluster` serves namespace `name` on its

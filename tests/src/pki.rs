@@ -3,12 +3,13 @@
 //! them.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::{StatusRequest, StatusResponse};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::wait::eventually;
 use crate::{free_port, Cluster};
 
 use rcgen::{
@@ -123,8 +124,8 @@ pub async fn status(addr: &str, tls: Option<ClientTlsConfig>) -> Result<StatusRe
 /// Waits until the nodes `among` (client addresses) agree on a leader among
 /// them; returns its index.
 pub async fn wait_leader(addrs: &[String], among: &[usize], tls: &ClientTlsConfig) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("an agreed leader among {among:?}");
+    eventually(what, Duration::from_secs(60), || async {
         let mut leaders = Vec::new();
         for &i in among {
             leaders.push(
@@ -136,15 +137,12 @@ pub async fn wait_leader(addrs: &[String], among: &[usize], tls: &ClientTlsConfi
         if let Ok(first) = &leaders[0] {
             let idx = among.iter().position(|&i| i as u64 + 1 == *first);
             if idx.is_some() && leaders.iter().all(|l| l.as_ref() == Ok(first)) {
-                return *first as usize - 1;
+                return Ok(*first as usize - 1);
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader among {among:?}: {leaders:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(leaders)
+    })
+    .await
 }
 
 /// Starts `n` nodes with the TLS flags `flags` (and `extra`), each with a
@@ -180,28 +178,28 @@ pub fn cluster(flags: &[String], n: usize, extra: &[&str]) -> (Cluster, Vec<Stri
 /// Waits until the nodes at `addrs` (over `tls`) have applied the same
 /// index and hold the same state digest; returns the digest.
 pub async fn wait_converged(addrs: &[String], tls: &ClientTlsConfig) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut seen = Vec::new();
-        for a in addrs {
-            seen.push(status(a, Some(tls.clone())).await.ok());
-        }
-        let all: Vec<&StatusResponse> = seen.iter().flatten().collect();
-        if all.len() == addrs.len()
-            && all.windows(2).all(|w| {
-                (w[0].last_applied, &w[0].state_digest) == (w[1].last_applied, &w[1].state_digest)
-            })
-        {
-            return all[0].state_digest.clone();
-        }
-        let seen: Vec<_> = all
-            .iter()
-            .map(|s| (s.node_id, s.last_applied, s.state_digest.clone()))
-            .collect();
-        assert!(
-            Instant::now() < deadline,
-            "{addrs:?} did not converge: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        format!("{addrs:?} to converge"),
+        Duration::from_secs(60),
+        || async {
+            let mut seen = Vec::new();
+            for a in addrs {
+                seen.push(status(a, Some(tls.clone())).await.ok());
+            }
+            let all: Vec<&StatusResponse> = seen.iter().flatten().collect();
+            if all.len() == addrs.len()
+                && all.windows(2).all(|w| {
+                    (w[0].last_applied, &w[0].state_digest)
+                        == (w[1].last_applied, &w[1].state_digest)
+                })
+            {
+                return Ok(all[0].state_digest.clone());
+            }
+            Err(all
+                .iter()
+                .map(|s| (s.node_id, s.last_applied, s.state_digest.clone()))
+                .collect::<Vec<_>>())
+        },
+    )
+    .await
 }

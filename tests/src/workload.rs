@@ -345,6 +345,19 @@ pub struct Observed {
     pub blocking_mismatches: Mutex<Vec<String>>,
 }
 
+/// What the workload has had answered so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Keys with at least one operation answered.
+    pub keys_answered: usize,
+    /// Key operations answered (puts, deletes, reads).
+    pub key_ops: usize,
+    /// Increments acknowledged.
+    pub increments: u64,
+    /// Blocking gets completed.
+    pub blocking_gets: u64,
+}
+
 /// The running workload.
 pub struct Workload {
     stop: Arc<AtomicBool>,
@@ -365,147 +378,31 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
     let mut tasks = Vec::new();
     for k in 0..keys {
         for p in 0..3 {
-            let (nodes, stop, rec, obs) = (
+            tasks.push(tokio::spawn(key_process(
                 nodes.clone(),
+                format!("lin/k{k}"),
+                p,
                 stop.clone(),
                 recorder.clone(),
                 observed.clone(),
-            );
-            let key = format!("lin/k{k}");
-            tasks.push(tokio::spawn(async move {
-                let mut origins = Origins::default();
-                let mut next_value = (p as u32 + 1) * 1_000_000;
-                let mut ops = 0;
-                // Bounded history per key (WGL is exponential in the worst case).
-                while !stop.load(Ordering::Relaxed) && ops < 300 {
-                    ops += 1;
-                    let dice = rand::rng().random_range(0..10u32);
-                    if dice < 5 {
-                        next_value += 1;
-                        let v = next_value;
-                        rec.push(&key, p, Action::Call(KeyOp::Put(v)));
-                        let cmd = Cmd::from(KvInsert {
-                            key: key.clone(),
-                            value: v.to_string().into_bytes().into(),
-                            allow_overwrite: true,
-                        });
-                        match propose_at(&nodes, origins.take(), cmd).await {
-                            Some((out, index)) if out.error.is_none() => {
-                                rec.push(&key, p, Action::Response(KeyOp::Put(v)));
-                                rec.note(&key, format!("{p} put {v} applied at {index}"));
-                                obs.acked_puts.lock().unwrap().push((key.clone(), v));
-                            }
-                            // Unknown outcome: the call stays open (the
-                            // process stops issuing operations).
-                            _ => return,
-                        }
-                    } else if dice == 5 {
-                        rec.push(&key, p, Action::Call(KeyOp::Delete));
-                        let cmd = Cmd::from(KvDelete { key: key.clone() });
-                        match propose_at(&nodes, origins.take(), cmd).await {
-                            Some((out, index)) if out.error.is_none() => {
-                                rec.push(&key, p, Action::Response(KeyOp::Delete));
-                                rec.note(&key, format!("{p} delete applied at {index}"));
-                            }
-                            _ => return,
-                        }
-                    } else {
-                        rec.push(&key, p, Action::Call(KeyOp::Get(None)));
-                        match read_diag(&nodes, &key).await {
-                            Some((seen, diag)) => {
-                                let v = seen.and_then(|b| String::from_utf8(b).ok()?.parse().ok());
-                                rec.push(&key, p, Action::Response(KeyOp::Get(v)));
-                                rec.note(&key, format!("{p} get {v:?} by {diag}"));
-                            }
-                            // An unanswered read constrains nothing.
-                            None => return,
-                        }
-                    }
-                    let pause = rand::rng().random_range(0..15u64);
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                }
-            }));
+            )));
         }
     }
-    // Increments: each retried with its origin until applied.
-    {
-        let (nodes, stop, obs) = (nodes.clone(), stop.clone(), observed.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut origins = Origins::default();
-            while !stop.load(Ordering::Relaxed) {
-                let cmd = Cmd::from(KvIncrement {
-                    key: "counter".into(),
-                    increment: 1,
-                });
-                match propose(&nodes, origins.take(), cmd).await {
-                    Some(out) if out.error.is_none() => *obs.acked_increments.lock().unwrap() += 1,
-                    _ => {
-                        *obs.unknown_increments.lock().unwrap() += 1;
-                        return;
-                    }
-                }
-            }
-        }));
-    }
-    // Blocking getters: a getter parks on a key before its setter sets it.
-    {
-        let (nodes, stop, obs) = (nodes.clone(), stop.clone(), observed.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut origins = Origins::default();
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let key = format!("blk/{i}");
-                let getter = {
-                    let (nodes, key) = (nodes.clone(), key.clone());
-                    tokio::spawn(async move { blocking_get(&nodes, &key).await })
-                };
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let cmd = Cmd::from(KvInsert {
-                    key: key.clone(),
-                    value: i.to_string().into_bytes().into(),
-                    allow_overwrite: false,
-                });
-                if propose(&nodes, origins.take(), cmd).await.is_none() {
-                    getter.abort();
-                    return;
-                }
-                match tokio::time::timeout(OP_RETRY, getter).await {
-                    Ok(Ok(Some(v))) if v == i.to_string().into_bytes() => {
-                        *obs.blocking_gets.lock().unwrap() += 1;
-                    }
-                    Ok(Ok(Some(v))) => obs.blocking_mismatches.lock().unwrap().push(format!(
-                        "blocking get of {key} returned {:?}",
-                        String::from_utf8_lossy(&v)
-                    )),
-                    _ => obs
-                        .blocking_mismatches
-                        .lock()
-                        .unwrap()
-                        .push(format!("blocking get of {key} never returned")),
-                }
-                i += 1;
-            }
-        }));
-    }
-    // Status polls: the service incarnation.
-    {
-        let (nodes, stop, obs) = (nodes.clone(), stop.clone(), observed.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                for addr in nodes.addrs() {
-                    if let Some(s) = crate::try_status(addr).await {
-                        if s.service_incarnation != 0 {
-                            obs.incarnations
-                                .lock()
-                                .unwrap()
-                                .insert(s.service_incarnation);
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }));
-    }
+    tasks.push(tokio::spawn(incrementer(
+        nodes.clone(),
+        stop.clone(),
+        observed.clone(),
+    )));
+    tasks.push(tokio::spawn(blocking_getter(
+        nodes.clone(),
+        stop.clone(),
+        observed.clone(),
+    )));
+    tasks.push(tokio::spawn(status_poller(
+        nodes.clone(),
+        stop.clone(),
+        observed.clone(),
+    )));
     if barrier_tasks > 0 {
         tasks.extend(barrier_participants(
             nodes,
@@ -519,6 +416,142 @@ pub fn start(nodes: &AnyNode, keys: usize, barrier_tasks: usize) -> Workload {
         tasks,
         recorder,
         observed,
+    }
+}
+
+/// Process `p` of `key`: puts, deletes and reads at random, each recorded
+/// in the key's history, until stopped, 300 operations (a bounded history:
+/// WGL is exponential in the worst case), or an unknown outcome.
+async fn key_process(
+    nodes: AnyNode,
+    key: String,
+    p: usize,
+    stop: Arc<AtomicBool>,
+    rec: Recorder,
+    obs: Arc<Observed>,
+) {
+    let mut origins = Origins::default();
+    let mut next_value = (p as u32 + 1) * 1_000_000;
+    let mut ops = 0;
+    while !stop.load(Ordering::Relaxed) && ops < 300 {
+        ops += 1;
+        let dice = rand::rng().random_range(0..10u32);
+        if dice < 5 {
+            next_value += 1;
+            let v = next_value;
+            rec.push(&key, p, Action::Call(KeyOp::Put(v)));
+            let cmd = Cmd::from(KvInsert {
+                key: key.clone(),
+                value: v.to_string().into_bytes().into(),
+                allow_overwrite: true,
+            });
+            match propose_at(&nodes, origins.take(), cmd).await {
+                Some((out, index)) if out.error.is_none() => {
+                    rec.push(&key, p, Action::Response(KeyOp::Put(v)));
+                    rec.note(&key, format!("{p} put {v} applied at {index}"));
+                    obs.acked_puts.lock().unwrap().push((key.clone(), v));
+                }
+                // Unknown outcome: the call stays open (the process stops
+                // issuing operations).
+                _ => return,
+            }
+        } else if dice == 5 {
+            rec.push(&key, p, Action::Call(KeyOp::Delete));
+            let cmd = Cmd::from(KvDelete { key: key.clone() });
+            match propose_at(&nodes, origins.take(), cmd).await {
+                Some((out, index)) if out.error.is_none() => {
+                    rec.push(&key, p, Action::Response(KeyOp::Delete));
+                    rec.note(&key, format!("{p} delete applied at {index}"));
+                }
+                _ => return,
+            }
+        } else {
+            rec.push(&key, p, Action::Call(KeyOp::Get(None)));
+            match read_diag(&nodes, &key).await {
+                Some((seen, diag)) => {
+                    let v = seen.and_then(|b| String::from_utf8(b).ok()?.parse().ok());
+                    rec.push(&key, p, Action::Response(KeyOp::Get(v)));
+                    rec.note(&key, format!("{p} get {v:?} by {diag}"));
+                }
+                // An unanswered read constrains nothing.
+                None => return,
+            }
+        }
+        let pause = rand::rng().random_range(0..15u64);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// Increments, each retried with its origin until applied.
+async fn incrementer(nodes: AnyNode, stop: Arc<AtomicBool>, obs: Arc<Observed>) {
+    let mut origins = Origins::default();
+    while !stop.load(Ordering::Relaxed) {
+        let cmd = Cmd::from(KvIncrement {
+            key: "counter".into(),
+            increment: 1,
+        });
+        match propose(&nodes, origins.take(), cmd).await {
+            Some(out) if out.error.is_none() => *obs.acked_increments.lock().unwrap() += 1,
+            _ => {
+                *obs.unknown_increments.lock().unwrap() += 1;
+                return;
+            }
+        }
+    }
+}
+
+/// Blocking gets: a getter parks on a key before its setter sets it.
+async fn blocking_getter(nodes: AnyNode, stop: Arc<AtomicBool>, obs: Arc<Observed>) {
+    let mut origins = Origins::default();
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("blk/{i}");
+        let getter = {
+            let (nodes, key) = (nodes.clone(), key.clone());
+            tokio::spawn(async move { blocking_get(&nodes, &key).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let cmd = Cmd::from(KvInsert {
+            key: key.clone(),
+            value: i.to_string().into_bytes().into(),
+            allow_overwrite: false,
+        });
+        if propose(&nodes, origins.take(), cmd).await.is_none() {
+            getter.abort();
+            return;
+        }
+        match tokio::time::timeout(OP_RETRY, getter).await {
+            Ok(Ok(Some(v))) if v == i.to_string().into_bytes() => {
+                *obs.blocking_gets.lock().unwrap() += 1;
+            }
+            Ok(Ok(Some(v))) => obs.blocking_mismatches.lock().unwrap().push(format!(
+                "blocking get of {key} returned {:?}",
+                String::from_utf8_lossy(&v)
+            )),
+            _ => obs
+                .blocking_mismatches
+                .lock()
+                .unwrap()
+                .push(format!("blocking get of {key} never returned")),
+        }
+        i += 1;
+    }
+}
+
+/// Status polls: the service incarnation.
+async fn status_poller(nodes: AnyNode, stop: Arc<AtomicBool>, obs: Arc<Observed>) {
+    while !stop.load(Ordering::Relaxed) {
+        for addr in nodes.addrs() {
+            if let Some(s) = crate::try_status(addr).await {
+                if s.service_incarnation != 0 {
+                    obs.incarnations
+                        .lock()
+                        .unwrap()
+                        .insert(s.service_incarnation);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -596,6 +629,28 @@ fn barrier_participants(
 }
 
 impl Workload {
+    /// What has been answered so far.
+    pub fn progress(&self) -> Progress {
+        let answered: Vec<usize> = self
+            .recorder
+            .inner
+            .lock()
+            .unwrap()
+            .values()
+            .map(|h| {
+                h.iter()
+                    .filter(|(_, a)| matches!(a, Action::Response(_)))
+                    .count()
+            })
+            .collect();
+        Progress {
+            keys_answered: answered.iter().filter(|&&n| n > 0).count(),
+            key_ops: answered.iter().sum(),
+            increments: *self.observed.acked_increments.lock().unwrap(),
+            blocking_gets: *self.observed.blocking_gets.lock().unwrap(),
+        }
+    }
+
     /// Stops the clients: each finishes its operation in progress, or is
     /// abandoned after a grace period (its open call is then completed as an
     /// unknown outcome by the checker).

@@ -10,9 +10,10 @@
 //! `--admin-client-name` no client runs a cluster verb.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use coordstore_tests::pki::{self, dial, wait_leader, Ca, Leaf};
+use coordstore_tests::wait::{holds, wait};
 use coordstore_tests::{coordstore_cli, ns};
 use journal::pb::{coordination::KvInsert, update::Command, ResetJobEpoch};
 use journal::Update;
@@ -690,11 +691,15 @@ async fn with_mutual_tls_and_no_admin_named_no_client_runs_a_cluster_verb() {
     let (cluster, _) = pki::cluster(&certs.node_flags(&[]), 1, &[]);
     let addr = cluster.nodes[0].addr.clone();
     wait_leader(std::slice::from_ref(&addr), &[0], &certs.tls(&certs.ops)).await;
-    let deadline = Instant::now() + WAIT;
-    while !cluster.nodes[0].log().contains("no --admin-client-name") {
-        assert!(Instant::now() < deadline, "{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait("the node to say it names no admin", WAIT)
+        .context(|| cluster.logs())
+        .until(|| async {
+            holds(
+                cluster.nodes[0].log().contains("no --admin-client-name"),
+                || (),
+            )
+        })
+        .await;
     let mut ops = node_as(&certs, &addr, &certs.ops).await;
     let e = ops
         .create_namespace(create("c", "job-a"))

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use agent::preemption::{ManualNotifier, PreemptionSyncManager, ProtocolStatus};
 use agent::{Agent, AgentConfig, AgentState, CoordinatedTask};
 use bytes::Bytes;
+use coordstore_tests::wait::{eventually, holds};
 use coordstore_tests::Cluster;
 use proto::tf::coordination_service_device_info::Type as DeviceType;
 use proto::tf::{CoordinationServiceDeviceInfo, TfDeviceList};
@@ -143,11 +144,11 @@ async fn state_machine_kv_barriers_and_error_propagation() {
         .await
         .unwrap();
     assert_eq!(a1.state(), AgentState::Error);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while errors0.lock().unwrap().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no propagated error");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the propagated error", Duration::from_secs(10), || {
+        let got = !errors0.lock().unwrap().is_empty();
+        async move { holds(got, || "no error yet") }
+    })
+    .await;
     let e = errors0.lock().unwrap()[0].clone();
     assert_eq!((e.code(), e.message()), (Code::Internal, "worker 1 broke"));
     assert_eq!(a0.state(), AgentState::Error);
@@ -203,11 +204,14 @@ async fn the_agent_rides_through_a_leader_kill_and_its_watch_misses_nothing() {
     // once it arrives every earlier event (and any repeat of one) has.
     a.insert_key_value("w/zzzz", "end").await.unwrap();
     let end = ("w/zzzz".to_string(), Some(Bytes::from("end")));
-    let deadline = std::time::Instant::now() + WAIT;
-    while !seen.lock().unwrap().contains(&end) {
-        assert!(std::time::Instant::now() < deadline, "watch fell behind");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the watch to deliver the end marker", WAIT, || {
+        let (done, events) = {
+            let s = seen.lock().unwrap();
+            (s.contains(&end), s.len())
+        };
+        async move { holds(done, || format!("the watch fell behind: {events} events")) }
+    })
+    .await;
     let mut seen = seen.lock().unwrap().clone();
     assert_eq!(seen.pop(), Some(end), "the end marker comes last");
     assert_eq!(seen.len(), 301, "no event missing or repeated");
@@ -301,14 +305,11 @@ async fn preempted_tasks_agree_on_one_step() {
         taken.clone(),
     ));
     // The tasks are stepping (30 steps among them) when the notice comes.
-    let deadline = std::time::Instant::now() + WAIT;
-    while taken.load(std::sync::atomic::Ordering::Relaxed) < 30 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tasks do not step"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the tasks to take 30 steps", WAIT, || async {
+        let n = taken.load(std::sync::atomic::Ordering::Relaxed);
+        holds(n >= 30, || format!("{n} steps"))
+    })
+    .await;
     notifiers[1].notify(SystemTime::now() + Duration::from_secs(60));
     let stopped = steps.await.unwrap();
     let point = managers[0].sync_point().expect("a sync point was decided");
@@ -371,18 +372,18 @@ async fn a_task_failing_midway_cancels_the_barrier_so_nobody_hangs() {
     // The others' protocol ends (failed) well before the 3-minute barrier timeout.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for m in &managers {
-        loop {
-            if let ProtocolStatus::Failed(why) = m.status() {
-                assert!(why.contains("barrier"), "{why}");
-                break;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let why = eventually("the task's protocol to fail", left, || {
+            let status = m.status();
+            async move {
+                match status {
+                    ProtocolStatus::Failed(why) => Ok(why),
+                    hangs => Err(hangs),
+                }
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "task hangs: {:?}",
-                m.status()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
+        assert!(why.contains("barrier"), "{why}");
         assert_eq!(m.sync_point(), None);
         assert!(!m.reached_sync_point(7).await);
     }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use coordstore_tests::coordstore_cli as coordstore;
+use coordstore_tests::wait::{eventually, holds};
 use coordstore_tests::{coordstore_bin, free_port, kv_get, try_status, Cluster, Writer};
 
 /// Acknowledged puts: key, value, when acknowledged.
@@ -68,11 +69,11 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_every_acknowledge
         }));
     }
     let count = |acked: &Acked| acked.lock().unwrap().len();
-    let deadline = Instant::now() + wait;
-    while count(&acked) < 200 {
-        assert!(Instant::now() < deadline, "the writers made no progress");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("200 writes acknowledged", wait, || async {
+        let n = count(&acked);
+        holds(n >= 200, || format!("{n} acknowledged"))
+    })
+    .await;
 
     // Save through a follower (the read goes to the leader) while writing.
     let backup_dir = tempfile::tempdir().unwrap();
@@ -99,11 +100,17 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_every_acknowledge
     assert_eq!(header["cluster_id"], "coordstore");
     // The load goes on after the save, then stops.
     let after_save = count(&acked);
-    let deadline = Instant::now() + wait;
-    while count(&acked) < after_save + 100 {
-        assert!(Instant::now() < deadline, "the writers stopped");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "100 more writes acknowledged after the save",
+        wait,
+        || async {
+            let n = count(&acked);
+            holds(n >= after_save + 100, || {
+                format!("{n} acknowledged, {after_save} at the save")
+            })
+        },
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.await.unwrap();

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent::closures::{Coordinator, Error, Outcome, QueueConfig, WorkError, Worker};
+use coordstore_tests::wait::{eventually, eventually_blocking, holds};
 use coordstore_tests::Cluster;
 
 const LEASE_MS: u64 = 1_000;
@@ -36,18 +37,6 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    wait: Duration,
-    mut cond: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + wait;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -109,12 +98,12 @@ async fn closures_survive_a_worker_and_the_coordinator_being_killed() {
         .collect();
 
     // Worker 0 is killed mid-closure, once it has run some.
-    wait_until(
+    eventually(
         "worker 0 to run 50 closures",
         Duration::from_secs(120),
         || {
             let n = runs(&logs[..1]).len();
-            async move { n >= 50 }
+            async move { holds(n >= 50, || n) }
         },
     )
     .await;
@@ -252,11 +241,16 @@ async fn nothing_is_lost_when_the_leader_is_killed_under_load() {
             let mut values = Vec::new();
             for r in 0..ROUNDS {
                 let behind = (r * PER_ROUND).saturating_sub(2 * PER_ROUND);
-                wait_until("the workers to catch up", Duration::from_secs(120), || {
-                    let n = runs(&logs).len() as u64;
-                    async move { n >= behind }
+                // (On a blocking thread: a wait's future is not Send.)
+                let ran = logs.clone();
+                tokio::task::spawn_blocking(move || {
+                    eventually_blocking("the workers to catch up", Duration::from_secs(120), || {
+                        let n = runs(&ran).len() as u64;
+                        holds(n >= behind, || n)
+                    })
                 })
-                .await;
+                .await
+                .expect("the workers caught up");
                 let payloads =
                     (0..PER_ROUND).map(|i| format!("{}-2", r * PER_ROUND + i).into_bytes());
                 values.extend(c.schedule_many(payloads).await.expect("schedule"));
@@ -265,9 +259,9 @@ async fn nothing_is_lost_when_the_leader_is_killed_under_load() {
             values
         })
     };
-    wait_until("200 closures to run", Duration::from_secs(120), || {
+    eventually("200 closures to run", Duration::from_secs(120), || {
         let n = runs(&logs).len();
-        async move { n >= 200 }
+        async move { holds(n >= 200, || n) }
     })
     .await;
     cluster.kill(leader);

@@ -6,8 +6,9 @@
 //! namespaces; its backup checks and restores the same way.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use coordstore_tests::wait::eventually;
 use coordstore_tests::{coordstore_cli, free_port, kv_keys, ns, try_status, workspace, Cluster};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -25,16 +26,15 @@ fn fixture(name: &str) -> PathBuf {
 /// journal feature level (its only write of its own at start); returns its
 /// digest.
 async fn digest(addr: &str) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(s) = try_status(addr).await {
-            if s.leader_id != 0 && s.cluster_feature_level == journal::FEATURE_LEVEL {
-                return s.state_digest;
+    eventually(format!("{addr} to come up"), WAIT, || async {
+        match try_status(addr).await {
+            Some(s) if s.leader_id != 0 && s.cluster_feature_level == journal::FEATURE_LEVEL => {
+                Ok(s.state_digest)
             }
+            other => Err(other),
         }
-        assert!(Instant::now() < deadline, "{addr} did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// The state the build before saved (the backup fixture's, whose digest is

@@ -12,12 +12,15 @@
 use std::time::Duration;
 
 use coordstore_tests::proxy::Links;
+use coordstore_tests::wait::{eventually, holds, wait};
 use coordstore_tests::workload::{self, AnyNode};
 use coordstore_tests::{free_port, Cluster};
 use proto::coordstore::{AddMemberRequest, RemoveMemberRequest};
 use rand::Rng;
 
 const WAIT: Duration = Duration::from_secs(60);
+/// The keys the workload's processes put, delete and read.
+const KEYS: usize = 4;
 
 fn fault_phase() -> Duration {
     let secs = std::env::var("COORDSTORE_SOAK_SECS")
@@ -47,12 +50,40 @@ where
 {
     cluster.wait_leader(&[0, 1, 2], WAIT).await;
     let nodes = AnyNode::new(&cluster.addrs());
-    let load = workload::start(&nodes, 4, 3);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let load = workload::start(&nodes, KEYS, 3);
+    // Every kind of client has had answers before the faults begin.
+    wait("the workload to get going", WAIT)
+        .context(|| cluster.logs())
+        .until(|| {
+            let p = load.progress();
+            async move {
+                holds(
+                    p.keys_answered == KEYS && p.increments > 0 && p.blocking_gets > 0,
+                    || p,
+                )
+            }
+        })
+        .await;
     let cluster = faults(cluster, fault_phase()).await;
     // Healed: everyone is up again.
     cluster.wait_leader(&[0, 1, 2], WAIT).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // And the workload goes on: two more answers to the incrementer and to
+    // the blocking getter, each one call at a time, so the second was asked
+    // after the heal.
+    let healed = load.progress();
+    wait("the workload to go on after the heal", WAIT)
+        .context(|| cluster.logs())
+        .until(|| {
+            let p = load.progress();
+            async move {
+                holds(
+                    p.increments >= healed.increments + 2
+                        && p.blocking_gets >= healed.blocking_gets + 2,
+                    || p,
+                )
+            }
+        })
+        .await;
     let (recorder, observed) = load.stop().await;
     let problems = workload::check(&nodes, &recorder, &observed).await;
     cluster.wait_converged(&[0, 1, 2], WAIT).await;
@@ -353,17 +384,14 @@ async fn forwarded_increments_count_once_across_leader_kills_under_load() {
     let mut cluster = Cluster::start(3, &["--tasks", "1", "--max-outcomes-per-client", "16"]);
     let l = leader(&cluster, &[0, 1, 2]).await;
     // The incarnation is drawn by the leader once it took over: wait for it.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let si = loop {
+    let si = eventually("a service incarnation", WAIT, || async {
         let s = coordstore_tests::try_status(&cluster.nodes[l].addr).await;
         match s.map(|s| s.service_incarnation) {
-            Some(si) if si != 0 => break si,
-            _ if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            _ => panic!("no service incarnation within {WAIT:?}"),
+            Some(si) if si != 0 => Ok(si),
+            other => Err(other),
         }
-    };
+    })
+    .await;
     // Every client dials the current target (a follower) per call.
     let target = Arc::new(Mutex::new(cluster.nodes[(l + 1) % 3].addr.clone()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -428,7 +456,27 @@ async fn forwarded_increments_count_once_across_leader_kills_under_load() {
         cluster.restart(l);
         cluster.wait_leader(&[0, 1, 2], WAIT).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both kinds of client are answered after the last restart: more
+    // answers than clients, each one call at a time, so at least one was
+    // asked after it.
+    let (acked_then, writes_then) = (
+        acked.load(Ordering::Relaxed),
+        writes.load(Ordering::Relaxed),
+    );
+    wait("answers after the last restart", WAIT)
+        .context(|| cluster.logs())
+        .until(|| {
+            let (a, w) = (
+                acked.load(Ordering::Relaxed),
+                writes.load(Ordering::Relaxed),
+            );
+            async move {
+                holds(a > acked_then + 8 && w > writes_then + 64, || {
+                    format!("{a} increments (from {acked_then}), {w} writes (from {writes_then})")
+                })
+            }
+        })
+        .await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         tokio::time::timeout(WAIT, t)
@@ -482,19 +530,17 @@ async fn a_restarted_leader_does_not_depose_its_successor() {
         cluster.kill(old);
         let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
         // The others may still name the dead leader for a while.
-        let deadline = std::time::Instant::now() + WAIT;
-        let new = loop {
-            let n = leader(&cluster, &others).await;
-            if n != old {
-                break n;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: no successor\n{}",
-                cluster.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let new = wait(format!("round {round}: a successor"), WAIT)
+            .context(|| cluster.logs())
+            .until(|| async {
+                let n = leader(&cluster, &others).await;
+                if n != old {
+                    Ok(n)
+                } else {
+                    Err(n)
+                }
+            })
+            .await;
         let mut c = cluster.client(new, WAIT).await;
         writer
             .put(&mut c, "depose/key", format!("v{round}").as_bytes(), WAIT)
@@ -504,21 +550,20 @@ async fn a_restarted_leader_does_not_depose_its_successor() {
             .await
             .expect("successor status");
         cluster.restart(old);
-        let deadline = std::time::Instant::now() + WAIT;
-        loop {
-            if let Some(s) = try_status(&cluster.nodes[old].addr).await {
-                if s.leader_id != 0 && s.last_applied >= before.last_applied {
-                    break;
-                }
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: node {} did not catch up\n{}",
-                old + 1,
-                cluster.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait(format!("round {round}: node {} to catch up", old + 1), WAIT)
+            .context(|| cluster.logs())
+            .until(|| async {
+                let s = try_status(&cluster.nodes[old].addr)
+                    .await
+                    .map(|s| (s.leader_id, s.last_applied));
+                holds(
+                    s.is_some_and(|(leader_id, applied)| {
+                        leader_id != 0 && applied >= before.last_applied
+                    }),
+                    || s,
+                )
+            })
+            .await;
         let after = try_status(&cluster.nodes[new].addr)
             .await
             .expect("successor status");

@@ -7,10 +7,13 @@
 use std::time::Duration;
 
 use coordstore_tests::jax::PyProc;
-use coordstore_tests::Cluster;
+use coordstore_tests::wait::{holds, wait};
+use coordstore_tests::{free_port, http_get, metric_sample, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 const RUN: Duration = Duration::from_secs(180);
+/// The xla Heartbeat calls a node answered OK (its metrics).
+const HEARTBEATS_ANSWERED: &str = r#"coordstore_grpc_calls_total{code="Ok",method="/xla.coordination.CoordinationService/Heartbeat"}"#;
 
 fn client_args(sub: &str, addr: &str, task: usize, tasks: usize, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
@@ -113,7 +116,12 @@ fn a_jax_distributed_job_of_two_processes() {
 
 #[test]
 fn jaxlib_clients_waiting_on_a_follower_survive_a_leader_kill() {
-    let mut cluster = Cluster::start(3, &["--tasks", "3"]);
+    let metrics: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut cluster = Cluster::start_each(3, &["--tasks", "3"], |i| {
+        vec!["--metrics-listen".into(), metrics[i].clone()]
+    });
     let rt = tokio::runtime::Runtime::new().unwrap();
     let leader = rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
     let follower = (leader + 1) % 3;
@@ -165,8 +173,26 @@ fn jaxlib_clients_waiting_on_a_follower_survive_a_leader_kill() {
     cluster.kill(leader);
     let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     rt.block_on(cluster.wait_leader(&others, WAIT));
-    // Several heartbeat intervals pass with the new leader in charge.
-    std::thread::sleep(Duration::from_secs(3));
+    // Several heartbeat intervals pass with the new leader in charge: the
+    // follower the tasks dial answers three more heartbeats per task (a
+    // heartbeat is answered only once a leader took it).
+    let heartbeats = || {
+        http_get(&metrics[follower], "/metrics")
+            .and_then(|(_, text)| metric_sample(&text, HEARTBEATS_ANSWERED))
+            .unwrap_or(0.0)
+    };
+    let at_failover = heartbeats();
+    wait(
+        "three heartbeats per task answered after the failover",
+        WAIT,
+    )
+    .context(|| cluster.logs())
+    .until_blocking(|| {
+        let answered = heartbeats();
+        holds(answered >= at_failover + 9.0, || {
+            format!("{answered} answered, {at_failover} at the failover")
+        })
+    });
     setter.send_line("go");
     for p in [&mut waiter, &mut getter, &mut setter] {
         let status = p.wait_exit(RUN);

@@ -8,10 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent::{Agent, AgentConfig};
 use bytes::Bytes;
+use coordstore_tests::wait::{eventually, holds};
 use coordstore_tests::wire::{self, inc};
 use coordstore_tests::{coordstore_cli, free_port_range, journal_state, ns, try_status, Cluster};
 use proto::coordstore::{JobCount, NamespaceInfo, NamespaceSettings};
@@ -498,11 +499,11 @@ async fn two_namespaces_never_meet() {
         set(&mut ca, sa, 0, &format!("w/a{i}"), "x").await.unwrap();
     }
     set(&mut cb, sb, 0, "w/b", "y").await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    while seen.lock().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "B's watch saw nothing of B");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("B's watch to see B's write", WAIT, || {
+        let saw = !seen.lock().unwrap().is_empty();
+        async move { holds(saw, || "B's watch saw nothing of B") }
+    })
+    .await;
     assert_eq!(
         seen.lock().unwrap().clone(),
         ["w/b"],
@@ -724,14 +725,11 @@ async fn a_deleted_namespace_ends_its_parked_calls_at_once_and_leaves_nothing() 
 
     // The port is closed; nothing of it in the state, the metrics, the
     // parked calls or the next snapshot.
-    let closed_by = Instant::now() + WAIT;
-    while std::net::TcpStream::connect(&pd).is_ok() {
-        assert!(
-            Instant::now() < closed_by,
-            "the deleted namespace's port stays open"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the deleted namespace's port to close", WAIT, || {
+        let open = std::net::TcpStream::connect(&pd).is_ok();
+        async move { holds(!open, || "the port stays open") }
+    })
+    .await;
     let s = journal_state(&addr).await;
     assert!(s.namespace("doomed").is_none());
     assert!(s.namespace("kept").is_some());
@@ -851,16 +849,16 @@ async fn a_namespace_past_its_ttl_is_deleted_once_its_job_is_done() {
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let names = eventually("the TTL to end idle and finished", WAIT, || async {
         let names = ns::names(&addr).await;
-        if !names.iter().any(|n| n == "idle" || n == "finished") {
-            assert!(names.iter().any(|n| n == "running"), "{names:?}");
-            break;
+        if names.iter().any(|n| n == "idle" || n == "finished") {
+            Err(names)
+        } else {
+            Ok(names)
         }
-        assert!(Instant::now() < deadline, "TTL never applied: {names:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(names.iter().any(|n| n == "running"), "{names:?}");
     // The running job's namespace outlived two namespaces of the same TTL
     // created with it; it is still there and serves its task.
     let mut c = wire::xla(&port(&cluster, &running)).await;

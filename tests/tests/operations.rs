@@ -6,23 +6,18 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use coordstore_tests::wait::{eventually, eventually_blocking, holds, wait};
 use coordstore_tests::{free_port, http_get, metric_sample as sample, Cluster, Writer};
 
 fn wait_http(addr: &str, path: &str, want: u16, wait: Duration) -> String {
-    let deadline = Instant::now() + wait;
-    loop {
-        let got = http_get(addr, path);
-        if let Some((status, body)) = &got {
-            if *status == want {
-                return body.clone();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{addr}{path} did not answer {want} within {wait:?}: {got:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually_blocking(
+        format!("{addr}{path} to answer {want}"),
+        wait,
+        || match http_get(addr, path) {
+            Some((status, body)) if status == want => Ok(body),
+            got => Err(got),
+        },
+    )
 }
 
 fn promtool() -> String {
@@ -187,20 +182,18 @@ async fn metrics_pass_promtool_and_count_what_was_done() {
     let get = a.get_key_value_async("later");
     let scrape_until = |want: &'static [(&'static str, f64)]| {
         let addr = http[leader].clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let t = wait_http(&addr, "/metrics", 200, Duration::from_secs(10));
-                if want.iter().all(|(k, n)| parked(&t, k) == *n) {
-                    return t;
+        let what = format!("the parked calls to become {want:?}");
+        eventually(what, Duration::from_secs(30), move || {
+            let t = wait_http(&addr, "/metrics", 200, Duration::from_secs(10));
+            let reached = want.iter().all(|(k, n)| parked(&t, k) == *n);
+            async move {
+                if reached {
+                    Ok(t)
+                } else {
+                    Err(t)
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "parked calls never became {want:?}:\n{t}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-        }
+        })
     };
     scrape_until(&[("kv_get", 1.0), ("poll_for_error", 1.0), ("barrier", 0.0)]).await;
     let st = coordstore_tests::try_status(&cluster.nodes[leader].addr)
@@ -241,13 +234,22 @@ async fn readiness_follows_the_quorum_and_liveness_the_process() {
             .map(|r| r.into_inner().status())
     };
     let survivor = (leader + 1) % 3;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while grpc_status(cluster.nodes[survivor].addr.clone()).await.ok()
-        != Some(ServingStatus::Serving)
-    {
-        assert!(Instant::now() < deadline, "gRPC health never SERVING");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let survivor_addr = cluster.nodes[survivor].addr.clone();
+    let health_becomes = |want: ServingStatus| {
+        let addr = survivor_addr.clone();
+        eventually(
+            format!("gRPC health {want:?}"),
+            Duration::from_secs(30),
+            move || {
+                let status = grpc_status(addr.clone());
+                async move {
+                    let got = status.await.ok();
+                    holds(got == Some(want), || got)
+                }
+            },
+        )
+    };
+    health_becomes(ServingStatus::Serving).await;
 
     // The leader and another node die: the survivor has no quorum.
     let other = (leader + 2) % 3;
@@ -256,13 +258,7 @@ async fn readiness_follows_the_quorum_and_liveness_the_process() {
     let why = wait_http(&http[survivor], "/readyz", 503, Duration::from_secs(30));
     assert!(why.starts_with("not ready"), "{why}");
     wait_http(&http[survivor], "/healthz", 200, Duration::from_secs(5));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while grpc_status(cluster.nodes[survivor].addr.clone()).await.ok()
-        != Some(ServingStatus::NotServing)
-    {
-        assert!(Instant::now() < deadline, "gRPC health never NOT_SERVING");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    health_becomes(ServingStatus::NotServing).await;
 
     // One comes back: a quorum again, ready again.
     cluster.restart(other);
@@ -280,24 +276,22 @@ async fn json_log_lines_carry_node_term_and_role_and_slow_requests() {
         .await
         .unwrap();
     // With a 0 ms threshold every proposal is logged as slow.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let slow = loop {
+    let slow = eventually_blocking("a slow-request line", Duration::from_secs(10), || {
         let log = cluster.nodes[0].log();
         let lines: Vec<serde_json::Value> = log
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
             .collect();
-        if let Some(l) = lines.iter().find(|l| {
+        match lines.into_iter().find(|l| {
             l["message"]
                 .as_str()
                 .is_some_and(|m| m.starts_with("slow request"))
         }) {
-            break l.clone();
+            Some(l) => Ok(l),
+            None => Err(log),
         }
-        assert!(Instant::now() < deadline, "no slow-request line:\n{log}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
     assert_eq!(slow["level"], "WARN", "{slow}");
     assert_eq!(slow["node_id"], 1, "{slow}");
     assert_eq!(slow["role"], "leader", "{slow}");
@@ -336,17 +330,17 @@ async fn namespace_series_are_bounded_and_the_rest_is_other() {
     cluster.wait_leader(&[0], Duration::from_secs(30)).await;
     // The default namespace's task is counted once the leader configured
     // the service (its first duty tick); the writes below need not wait.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while coordstore_tests::try_status(&addr)
-        .await
-        .is_none_or(|s| s.service_incarnation == 0)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the service was not configured in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the service to be configured",
+        Duration::from_secs(30),
+        || async {
+            let incarnation = coordstore_tests::try_status(&addr)
+                .await
+                .map(|s| s.service_incarnation);
+            holds(incarnation.is_some_and(|i| i != 0), || incarnation)
+        },
+    )
+    .await;
     let mut client = cluster.client(0, Duration::from_secs(30)).await;
     // Keys: big 3, mid 2, small 1, tiny 1, default 0.
     for (name, keys) in [("big", 3), ("mid", 2), ("small", 1), ("tiny", 1)] {
@@ -414,15 +408,21 @@ async fn a_clean_start_logs_no_warning() {
         cluster.wait_leader(&all, Duration::from_secs(60)).await;
         // Settled: every node applied the cluster's level (the leader's
         // first writes) and they agree.
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(60);
         for node in &cluster.nodes {
-            while coordstore_tests::try_status(&node.addr)
-                .await
-                .is_none_or(|s| s.cluster_feature_level != journal::FEATURE_LEVEL)
-            {
-                assert!(std::time::Instant::now() < deadline, "{}", cluster.logs());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            wait(
+                format!("node {} to apply the cluster's level", node.id),
+                left,
+            )
+            .context(|| cluster.logs())
+            .until(|| async {
+                let level = coordstore_tests::try_status(&node.addr)
+                    .await
+                    .map(|s| s.cluster_feature_level);
+                holds(level == Some(journal::FEATURE_LEVEL), || level)
+            })
+            .await;
         }
         cluster.wait_converged(&all, Duration::from_secs(60)).await;
         for node in &cluster.nodes {

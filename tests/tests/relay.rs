@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use coordstore_tests::jax::PyProc;
+use coordstore_tests::wait::{holds, wait};
 use coordstore_tests::{free_port, Cluster, NodeProc};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -99,21 +100,20 @@ fn acked(cluster: &Cluster, t: usize) -> usize {
 /// Waits until both clients have had `rounds` more writes acknowledged.
 fn progress(cluster: &Cluster, rounds: usize, clients: &[PyProc]) {
     let start: Vec<usize> = (0..2).map(|t| acked(cluster, t)).collect();
-    let deadline = std::time::Instant::now() + WAIT;
-    while (0..2).any(|t| acked(cluster, t) < start[t] + rounds) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job made no progress: {:?} acknowledged, from {start:?}\n{}\n{}",
-            (0..2).map(|t| acked(cluster, t)).collect::<Vec<_>>(),
-            clients
-                .iter()
-                .map(PyProc::report)
-                .collect::<Vec<_>>()
-                .join("\n"),
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait(
+        format!("{rounds} more writes acknowledged by each client"),
+        WAIT,
+    )
+    .context(|| {
+        let reports: Vec<String> = clients.iter().map(PyProc::report).collect();
+        format!("{}\n{}", reports.join("\n"), cluster.logs())
+    })
+    .until_blocking(|| {
+        let now: Vec<usize> = (0..2).map(|t| acked(cluster, t)).collect();
+        holds((0..2).all(|t| now[t] >= start[t] + rounds), || {
+            format!("{now:?} acknowledged, from {start:?}")
+        })
+    });
 }
 
 /// TensorFlow tasks can dial a relay too: a `tensorflow` dialect client

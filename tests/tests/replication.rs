@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use coordstore_tests::wait::{eventually, holds, wait};
 use coordstore_tests::{coordstore_bin, free_port, kv_keys, try_status, Cluster, Writer};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -54,15 +55,11 @@ fn spawn_writers(
 }
 
 async fn wait_count(count: &AtomicUsize, at_least: usize) {
-    let deadline = std::time::Instant::now() + WAIT;
-    while count.load(Ordering::SeqCst) < at_least {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} of {at_least} writes acknowledged after {WAIT:?}",
-            count.load(Ordering::SeqCst)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(format!("{at_least} writes acknowledged"), WAIT, || async {
+        let acked = count.load(Ordering::SeqCst);
+        holds(acked >= at_least, || format!("{acked} acknowledged"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,20 +131,18 @@ async fn a_node_behind_a_purged_log_catches_up_by_snapshot() {
     assert_eq!(count.load(Ordering::SeqCst), 2000);
     // Snapshots and purges run in the background: wait (bounded) until the
     // leader's log no longer holds what the stopped node lacks.
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let leader_status = try_status(&cluster.nodes[leader].addr).await;
-        let purged = leader_status.as_ref().map_or(0, |s| s.purged_index);
-        if purged > before.last_log_index {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the leader never purged past the stopped node's log: purged {purged} vs {}",
-            before.last_log_index
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the leader to purge past the stopped node's log",
+        WAIT,
+        || async {
+            let leader_status = try_status(&cluster.nodes[leader].addr).await;
+            let purged = leader_status.as_ref().map_or(0, |s| s.purged_index);
+            holds(purged > before.last_log_index, || {
+                format!("purged {purged} vs {}", before.last_log_index)
+            })
+        },
+    )
+    .await;
     cluster.restart(lagging);
     cluster.wait_converged(&[0, 1, 2], WAIT).await;
     let after = try_status(&cluster.nodes[lagging].addr).await.unwrap();
@@ -204,19 +199,17 @@ async fn the_log_is_snapshotted_by_bytes_and_replayed_from_that_snapshot() {
             .await
             .unwrap();
     }
-    let deadline = std::time::Instant::now() + WAIT;
-    let status = loop {
-        let s = try_status(&cluster.nodes[0].addr).await.expect("status");
-        if s.snapshot_index > 0 && s.purged_index > 0 {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no snapshot by bytes: {s:?}\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = wait("a snapshot by bytes", WAIT)
+        .context(|| cluster.logs())
+        .until(|| async {
+            let s = try_status(&cluster.nodes[0].addr).await.expect("status");
+            if s.snapshot_index > 0 && s.purged_index > 0 {
+                Ok(s)
+            } else {
+                Err(s)
+            }
+        })
+        .await;
     assert!(cluster.nodes[0].data_dir.join("snapshot").is_file());
     cluster.kill(0);
     cluster.restart(0);

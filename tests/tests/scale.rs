@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use coordstore_tests::jaxsim::{JobSpec, PhaseReport, Sim, SimConfig};
+use coordstore_tests::wait::{eventually_blocking, holds, wait};
 use coordstore_tests::{
     free_port, http_get, journal_state, metric_sample, parked_calls, wait_parked, Cluster,
 };
@@ -56,22 +57,16 @@ async fn a_2048_task_job_rides_through_a_leader_kill_during_registration() {
     // Registered tasks wait at the registration barrier, each parked on the
     // follower it dialed.
     let want = (TASKS - 1) as u64;
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let mut parked = 0;
-        for &i in &followers {
-            parked += parked_calls(&cluster.nodes[i].addr).await;
-        }
-        if parked >= want {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{parked} of {want} registered\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait(format!("{want} registered tasks parked"), WAIT)
+        .context(|| cluster.logs())
+        .until(|| async {
+            let mut parked = 0;
+            for &i in &followers {
+                parked += parked_calls(&cluster.nodes[i].addr).await;
+            }
+            holds(parked >= want, || format!("{parked} of {want} registered"))
+        })
+        .await;
     cluster.kill(leader);
     let f = followers[0];
     open.send(true).expect("the registration waits");
@@ -172,18 +167,16 @@ async fn a_burst_of_16384_writes_through_a_follower_all_land() {
 
 /// ReadIndex calls the node whose metrics listen at `http` has answered.
 fn read_index_calls(http: &str) -> f64 {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some((200, text)) = http_get(http, "/metrics") {
-            return metric_sample(
+    eventually_blocking(format!("metrics at {http}"), WAIT, || {
+        match http_get(http, "/metrics") {
+            Some((200, text)) => Ok(metric_sample(
                 &text,
                 r#"coordstore_grpc_calls_total{code="Ok",method="/coordstore.v1.Node/ReadIndex"}"#,
             )
-            .unwrap_or(0.0);
+            .unwrap_or(0.0)),
+            other => Err(other),
         }
-        assert!(std::time::Instant::now() < deadline, "no metrics at {http}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 /// A follower asks the leader for read indexes in rounds, each serving

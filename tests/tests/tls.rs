@@ -7,11 +7,12 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent::{Agent, AgentConfig};
 use coordstore_tests::jax::PyProc;
 use coordstore_tests::pki::{dial, status, wait_leader, Ca, Leaf};
+use coordstore_tests::wait::{eventually, holds};
 use coordstore_tests::{coordstore_bin, free_port, Cluster, NodeProc};
 use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::raft_peer_client::RaftPeerClient;
@@ -197,19 +198,13 @@ async fn a_cluster_with_tls_everywhere_refuses_every_wrong_certificate_and_fails
     cluster.nodes[leader].set_arg("--peer-tls-key", &s(&pki.rogue_peer.key));
     cluster.nodes[leader].set_arg("--peer-tls-ca", &s(&pki.rogue.cert));
     cluster.restart(leader);
-    let deadline = Instant::now() + WAIT;
-    let rogue = loop {
-        if let Ok(st) = status(&addrs[leader], Some(good.clone())).await {
-            if st.term >= before.term + 3 {
-                break st;
-            }
+    let rogue = eventually("the restarted node to campaign", WAIT, || async {
+        match status(&addrs[leader], Some(good.clone())).await {
+            Ok(st) if st.term >= before.term + 3 => Ok(st),
+            other => Err(other),
         }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted node never campaigned"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     let after = status(&addrs[new_leader], Some(good.clone()))
         .await
         .unwrap();
@@ -225,21 +220,15 @@ async fn a_cluster_with_tls_everywhere_refuses_every_wrong_certificate_and_fails
     cluster.nodes[leader].set_arg("--peer-tls-key", &s(&pki.peer.key));
     cluster.nodes[leader].set_arg("--peer-tls-ca", &s(&pki.peers.cert));
     cluster.restart(leader);
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually("the node to catch up", WAIT, || async {
         let st = status(&addrs[leader], Some(good.clone())).await;
-        if st
-            .as_ref()
-            .is_ok_and(|st| st.last_applied >= before.last_applied && st.leader_id != 0)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the node did not catch up: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        holds(
+            st.as_ref()
+                .is_ok_and(|st| st.last_applied >= before.last_applied && st.leader_id != 0),
+            || st,
+        )
+    })
+    .await;
 }
 
 #[test]
