@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/coordination.proto",
         "proto/dispatcher.proto",
         "proto/closures.proto",
+        "proto/torch.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

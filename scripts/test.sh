@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 scripts/setup-jax.sh >/dev/null
 scripts/setup-tf.sh >/dev/null
+scripts/setup-torch.sh >/dev/null
 scripts/setup-prometheus.sh >/dev/null
 # The build before namespaces, for the rolling-upgrade tests: built once
 # (sharing this checkout's dependencies) and cached under target/prev-build.

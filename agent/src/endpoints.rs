@@ -143,7 +143,23 @@ impl Endpoints {
     {
         // The lane is held until this call is over, retries included.
         let lane = self.inner.lanes.checkout();
-        let origin = lane.origin().header_value();
+        self.call_as(lane.origin(), msg, method).await
+    }
+
+    /// [`Endpoints::call`] with the caller's own `origin` (a session of its
+    /// own, as a relayed TCPStore connection is).
+    pub async fn call_as<M, R, F, Fut>(
+        &self,
+        origin: proto::origin::WireOrigin,
+        msg: M,
+        method: F,
+    ) -> Result<R, Status>
+    where
+        M: Clone,
+        F: Fn(Channel, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let origin = origin.header_value();
         let deadline = Instant::now() + self.inner.retry_for;
         let mut failures = 0usize;
         loop {

@@ -17,6 +17,8 @@
 //!   loop, TensorFlow `ClusterCoordinator` semantics (`docs/protocols.md`,
 //!   ClusterCoordinator closure queue semantics).
 //! * [`relay`] — the local proxy that keeps stock clients' connections alive.
+//! * [`torch`] — PyTorch's TCPStore protocol: the handshake, a client, and
+//!   the relay's side of a torch client's connection.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tonic::Status> {
@@ -42,6 +44,7 @@ pub mod closures;
 pub mod endpoints;
 pub mod preemption;
 pub mod relay;
+pub mod torch;
 
 pub use agent::{
     Agent, AgentConfig, AgentState, ChangedKeyValuesCallback, ErrorCallback, KeyValueGet,

@@ -5,8 +5,10 @@
 //! dies. Each call carries an exactly-once origin (`x-coordstore-origin`), so
 //! a re-issued call that had already been applied returns its first outcome.
 //! Every dialect is relayed on the one port: what jaxlib dials
-//! (`xla.coordination`), what TensorFlow tasks dial (`tensorflow`), and what
-//! tf.data service workers and clients dial (`tensorflow.data`).
+//! (`xla.coordination`), what TensorFlow tasks dial (`tensorflow`), what
+//! tf.data service workers and clients dial (`tensorflow.data`), and
+//! PyTorch's TCPStore protocol (told apart by the connection's first byte,
+//! as on a node; see [`crate::torch`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -159,6 +161,39 @@ forward! { TfDataRelay, tfdata,
     disable_compression_at_runtime(DisableCompressionAtRuntimeRequest) -> DisableCompressionAtRuntimeResponse;
 }
 
+/// The connections `listener` accepts, Nagle off: TCPStore connections are
+/// relayed by [`crate::torch::relay`], the others go to the gRPC server.
+/// Accepting stops when the server drops the stream.
+fn split_torch(
+    listener: tokio::net::TcpListener,
+    nodes: Endpoints,
+    max_message_bytes: usize,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::TcpStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                () = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let split =
+                        crate::torch::split(stream, tx.clone(), nodes.clone(), max_message_bytes);
+                    tokio::spawn(split);
+                }
+                Err(e) => {
+                    if tx.send(Err(e)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 /// Serves the relay on `listen` until `shutdown` resolves.
 pub async fn serve(
     listen: SocketAddr,
@@ -170,7 +205,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = split_torch(listener, nodes.clone(), cfg.max_message_bytes);
     let svc = xla::coordination_service_server::CoordinationServiceServer::new(XlaRelay {
         nodes: nodes.clone(),
         max_message_bytes: cfg.max_message_bytes,

@@ -26,6 +26,22 @@ pub struct Context<'a> {
     /// Bytes of the namespace's KV keys and values: the coordination area
     /// keeps it, the state holds it beside the snapshot (it is derived).
     pub(crate) kv_bytes: &'a mut u64,
+    /// Keys and bytes the coordination area's store holds, as the apply
+    /// began (the torch store counts them against the namespace's bounds).
+    pub(crate) coordination_held: Held,
+    /// Keys and bytes the torch store holds, as the apply began (the
+    /// coordination area counts them against the namespace's bounds).
+    pub(crate) torch_held: Held,
+}
+
+/// Keys and bytes an area's store holds, for the namespace's bounds (which
+/// count the coordination store's and the torch store's together).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Keys (a queue counts as one).
+    pub keys: u64,
+    /// Bytes of keys and values.
+    pub bytes: u64,
 }
 
 impl Context<'_> {
@@ -137,6 +153,8 @@ pub enum Object {
     AliveRound(String),
     /// A closure queue and its closures.
     Queue(String),
+    /// A torch store connection's waits (by its id).
+    StoreConnection(u64),
 }
 
 /// What an apply changed.

@@ -18,6 +18,7 @@
 //! | 1 | one flat command set (data dirs of this format are refused) |
 //! | 2 | per-area commands, replies and state: the builds up to the one before namespaces |
 //! | 3 | namespaces (`Update.namespace`, CreateNamespace, DeleteNamespace, `StateData.namespaces`), and the cluster's level itself (SetFeatureLevel, `StateData.feature_level`) |
+//! | 4 | the PyTorch store (its commands, `StateData.torch`, `NamespaceSpec.torch_plaintext`) |
 //!
 //! A data dir records the level its contents need as its journal format,
 //! so a build of a lower level refuses to start on it (builds check the
@@ -31,8 +32,11 @@ use crate::Update;
 pub const LEVEL_BASE: u32 = 2;
 /// Namespaces, and the cluster's feature level.
 pub const LEVEL_NAMESPACES: u32 = 3;
+/// The PyTorch store: its commands and state, and a namespace's
+/// `torch_plaintext`.
+pub const LEVEL_TORCH: u32 = 4;
 /// The highest level this build applies.
-pub const FEATURE_LEVEL: u32 = LEVEL_NAMESPACES;
+pub const FEATURE_LEVEL: u32 = LEVEL_TORCH;
 /// The lowest data-dir format this build reads.
 pub const OLDEST_FORMAT: u32 = LEVEL_BASE;
 
@@ -42,6 +46,7 @@ pub fn describe(level: u32) -> &'static str {
         0..=1 => "the flat command set",
         LEVEL_BASE => "the builds before namespaces",
         LEVEL_NAMESPACES => "namespaces",
+        LEVEL_TORCH => "the PyTorch store",
         _ => "a newer build than this one",
     }
 }
@@ -50,7 +55,14 @@ impl Update {
     /// The journal feature level a node needs to apply this update in full.
     pub fn required_level(&self) -> u32 {
         let command = match &self.command {
+            Some(Command::CreateNamespace(c))
+                if c.spec.as_ref().is_some_and(|s| s.torch_plaintext)
+                    || c.data.as_ref().is_some_and(|d| d.torch.is_some()) =>
+            {
+                LEVEL_TORCH
+            }
             Some(Command::CreateNamespace(_) | Command::DeleteNamespace(_)) => LEVEL_NAMESPACES,
+            Some(Command::Torch(_)) => LEVEL_TORCH,
             Some(Command::SetFeatureLevel(s)) => s.level.max(LEVEL_NAMESPACES),
             _ => LEVEL_BASE,
         };
@@ -72,6 +84,13 @@ impl Update {
             Command::Coordination(a) => format!("{:?}", a.command),
             Command::Dispatcher(a) => format!("{:?}", a.command),
             Command::Closures(a) => format!("{:?}", a.command),
+            Command::Torch(a) => {
+                return a
+                    .command
+                    .as_ref()
+                    .map_or("Torch", crate::torch::command_name)
+                    .to_string()
+            }
             shared => format!("{shared:?}"),
         };
         let text = text.strip_prefix("Some(").unwrap_or(&text);

@@ -6,8 +6,8 @@
 //! and random values (incarnations) into the update.
 //!
 //! The state has **areas**, each one module with its own command, reply,
-//! state and errors: [`coordination`], the tf.data [`dispatcher`] and the
-//! [`closures`] queue. `State::apply` handles what the areas share (the
+//! state and errors: [`coordination`], the tf.data [`dispatcher`], the
+//! [`closures`] queue and PyTorch's store ([`torch`]). `State::apply` handles what the areas share (the
 //! cluster configuration and job epoch, exactly-once sessions) and hands an
 //! area's command to that area ([`area::Area`]). Areas never call each
 //! other: a cross-area effect (a task lost, a job epoch reset) reaches every
@@ -60,6 +60,11 @@ pub mod pb {
     pub mod closures {
         include!(concat!(env!("OUT_DIR"), "/coordstore.journal.closures.rs"));
     }
+
+    /// The PyTorch store area's messages (`proto/torch.proto`).
+    pub mod torch {
+        include!(concat!(env!("OUT_DIR"), "/coordstore.journal.torch.rs"));
+    }
 }
 
 pub mod area;
@@ -73,11 +78,12 @@ pub mod level;
 mod names;
 pub mod namespace;
 mod state;
+pub mod torch;
 pub mod wait;
 
 pub use cluster::{task_name, Cluster, JAX_JOB};
 pub use known::{decode_known, NotKnown};
-pub use level::{FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, OLDEST_FORMAT};
+pub use level::{FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, LEVEL_TORCH, OLDEST_FORMAT};
 pub use namespace::{Namespace, DEFAULT_NAMESPACE};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{

@@ -12,7 +12,7 @@
 
 use crate::cluster::Cluster;
 use crate::pb::{ClusterConfig, Code, DomainError, NamespaceSpec};
-use crate::{closures, coordination, dispatcher, errors};
+use crate::{closures, coordination, dispatcher, errors, torch};
 
 pub use crate::names::{
     namespace_key, namespace_name, valid_name, DEFAULT_NAMESPACE, MAX_NAME_LEN,
@@ -33,6 +33,8 @@ pub struct Namespace<'a> {
     pub(crate) coordination: &'a coordination::Data,
     pub(crate) dispatcher: &'a dispatcher::Data,
     pub(crate) closures: &'a closures::Data,
+    /// Absent until the store's first command.
+    pub(crate) torch: Option<&'a torch::Data>,
 }
 
 impl<'a> Namespace<'a> {
@@ -93,6 +95,16 @@ impl<'a> Namespace<'a> {
     pub fn closures(&self) -> closures::Reader<'a> {
         closures::Reader {
             data: self.closures,
+        }
+    }
+
+    /// The PyTorch store, read-only (empty until its first command).
+    pub fn torch(&self) -> torch::Reader<'a> {
+        static EMPTY: std::sync::OnceLock<torch::Data> = std::sync::OnceLock::new();
+        torch::Reader {
+            data: self
+                .torch
+                .unwrap_or_else(|| EMPTY.get_or_init(Default::default)),
         }
     }
 

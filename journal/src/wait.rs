@@ -112,6 +112,15 @@ pub enum Wait {
         /// The queue.
         queue: String,
     },
+    /// The waits of torch store connection `connection`, of which `seen`
+    /// STOP_WAITING were written: answers [`Answer::Connection`] once it
+    /// is owed more, or nothing stands that could wake it.
+    StoreConnection {
+        /// The connection's id.
+        connection: u64,
+        /// STOP_WAITING written to it so far.
+        seen: u64,
+    },
 }
 
 /// A parked call's answer.
@@ -130,6 +139,9 @@ pub enum Answer {
     /// The closure handed to a get, or `None`: nothing will come (its
     /// deadline passed, or the answer is gone).
     Assigned(Option<Assigned>),
+    /// A torch store connection's waits, or `None`: its record is gone
+    /// (forgotten, or the job's epoch was reset).
+    Connection(Option<crate::torch::ConnectionView>),
 }
 
 impl Wait {
@@ -214,6 +226,9 @@ impl Wait {
             | Wait::ClosureGet { queue, .. }
             | Wait::ClosuresSettled { queue, .. }
             | Wait::JoinReady { queue } => vec![Object::Queue(queue.clone())],
+            Wait::StoreConnection { connection, .. } => {
+                vec![Object::StoreConnection(*connection)]
+            }
         }
     }
 
@@ -226,6 +241,7 @@ impl Wait {
                 | Wait::ClosureGet { .. }
                 | Wait::ClosuresSettled { .. }
                 | Wait::JoinReady { .. }
+                | Wait::StoreConnection { .. }
         )
     }
 
@@ -243,6 +259,7 @@ impl Wait {
             Wait::ClosurePut { .. } => "closure_put",
             Wait::ClosureGet { .. } => "closure_get",
             Wait::ClosuresSettled { .. } | Wait::JoinReady { .. } => "closure_fetch",
+            Wait::StoreConnection { .. } => "torch_wait",
         }
     }
 }
@@ -321,6 +338,13 @@ impl State {
                 Some(Ok(Answer::Done))
             }
             Wait::JoinReady { queue } => q.join_ready(queue).then_some(Ok(Answer::Done)),
+            Wait::StoreConnection { connection, seen } => match n.torch().connection(*connection) {
+                None => Some(Ok(Answer::Connection(None))),
+                Some(v) if v.stops > *seen || v.registered == 0 => {
+                    Some(Ok(Answer::Connection(Some(v))))
+                }
+                Some(_) => None,
+            },
         }
     }
 }

@@ -11,11 +11,14 @@
 //! * [`coordstore`] — coordstore's own API: Raft peer RPCs and the node API.
 //! * [`payloads`] — `tensorflow.distributed_runtime.GrpcPayloadContainer`, the
 //!   container both dialects put in the `grpc-status-details-bin` trailer.
+//! * [`torch`] — PyTorch's TCPStore protocol (raw TCP, no protobuf): its
+//!   decoder and encoder.
 //!
 //! Server and client stubs are generated for each service; the service crate
 //! and the agent share them.
 
 pub mod tls;
+pub mod torch;
 
 /// `xla.coordination`: messages and the `CoordinationService` stubs jaxlib 0.12 uses.
 #[allow(clippy::all, clippy::pedantic)]

@@ -11,7 +11,9 @@ use raft::{NodeConfig, RaftNode, Role, WatchReceiver};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::areas::{closures::Closures, coordination::Coordination, dispatcher::Dispatcher};
+use crate::areas::{
+    closures::Closures, coordination::Coordination, dispatcher::Dispatcher, torch::Store,
+};
 use crate::cli::config::ServeConfig;
 use crate::core::namespaces::{NamespacePolicy, Namespaces};
 use crate::core::{Core, LocalLeader, Parking, Router};
@@ -187,6 +189,8 @@ fn parts(cfg: &ServeConfig, core: &Arc<Core>, metrics: &Arc<Metrics>, addr: Sock
         max_message_bytes: cfg.max_message_bytes,
         metrics: metrics.clone(),
         tls: cfg.client_tls.clone(),
+        store: Store::new(core.clone()),
+        torch_plaintext: cfg.torch_plaintext,
     };
     Parts {
         services,
@@ -251,7 +255,8 @@ fn serve_main(
         .map_err(ServeError::Tls)?
         .layer(GrpcMetricsLayer(s.metrics.clone()))
         .add_routes(routes.routes());
-    let incoming = ports::incoming(listener);
+    let torch = s.torch_port(journal::DEFAULT_NAMESPACE);
+    let incoming = crate::wire::torch::incoming(listener, torch);
     let server = tokio::spawn(grpc.serve_with_incoming_shutdown(incoming, async {
         let _ = stop.await;
     }));
@@ -289,6 +294,7 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
         }
     }
     let mut tasks = vec![
+        tokio::spawn(parts.services.store.clone().run()),
         tokio::spawn(parts.duties.run(core.router().leader().clone())),
         tokio::spawn(http::report_health(core.clone(), health)),
         tokio::spawn(ports::run(core.clone(), parts.namespaces, parts.services)),

@@ -14,11 +14,14 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::areas::{closures::Closures, coordination::Coordination, dispatcher::Dispatcher};
+use crate::areas::{
+    closures::Closures, coordination::Coordination, dispatcher::Dispatcher, torch::Store,
+};
 use crate::core::namespaces::Namespaces;
 use crate::core::Core;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
 use crate::wire::context::{PortNamespace, Tag};
+use crate::wire::torch::{grpc::TorchApi, TorchPort};
 use crate::wire::{
     agent::AgentApi, closures::ClosureApi, tf::TfService, tfdata::TfDataService, xla::XlaService,
 };
@@ -43,6 +46,11 @@ pub struct Services {
     pub metrics: Arc<Metrics>,
     /// The client port's TLS.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The PyTorch store area (TCPStore connections on the same ports).
+    pub store: Arc<Store>,
+    /// With TLS, whether the main port serves TCPStore in plaintext
+    /// (`--torch-plaintext`).
+    pub torch_plaintext: bool,
 }
 
 impl Services {
@@ -57,8 +65,19 @@ impl Services {
             .add_service(TfService::server(self.coordination.clone(), max))
             .add_service(TfDataService::server(self.dispatcher.clone(), max))
             .add_service(ClosureApi::server(self.closures.clone(), max))
-            .add_service(AgentApi::server(self.coordination.clone(), max));
+            .add_service(AgentApi::server(self.coordination.clone(), max))
+            .add_service(TorchApi::server(self.store.clone(), max));
         routes
+    }
+
+    /// What the port of namespace `namespace` serves in TCPStore's protocol.
+    pub fn torch_port(&self, namespace: &str) -> TorchPort {
+        TorchPort {
+            store: self.store.clone(),
+            namespace: namespace.to_string(),
+            tls: self.tls.is_some(),
+            main_plaintext: self.torch_plaintext,
+        }
     }
 }
 
@@ -78,7 +97,8 @@ pub fn server(
 
 /// The connections `listener` accepts, Nagle off (tonic's own setting only
 /// covers the listeners it binds itself): small replies must not wait for
-/// ACKs.
+/// ACKs. (A client port's listener also serves TCPStore: see
+/// [`crate::wire::torch::incoming`].)
 pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
@@ -174,7 +194,7 @@ async fn serve(services: &Services, host: &str, name: &str, port: u32) -> Result
         .layer(GrpcMetricsLayer(services.metrics.clone()))
         .layer(Tag(PortNamespace(name.to_string())))
         .add_routes(services.client_routes().routes());
-    let incoming = incoming(listener);
+    let incoming = crate::wire::torch::incoming(listener, services.torch_port(name));
     let (stop, stopped) = oneshot::channel::<()>();
     let label = name.to_string();
     let server = tokio::spawn(async move {

@@ -979,6 +979,21 @@ pub mod jax {
         p
     }
 
+    /// The Python 3.12 of the PyTorch venv made by `scripts/setup-torch.sh`
+    /// (or `COORDSTORE_TORCH_PYTHON`): stock torch 2.15.0, CPU and gloo.
+    pub fn torch_python() -> PathBuf {
+        if let Some(p) = std::env::var_os("COORDSTORE_TORCH_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let p = workspace().join("target/torch-venv/bin/python");
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/setup-torch.sh (scripts/test.sh does)",
+            p.display()
+        );
+        p
+    }
+
     /// A script of `tests/python`.
     pub fn script(name: &str) -> PathBuf {
         workspace().join("tests/python").join(name)
@@ -1090,6 +1105,26 @@ pub mod jax {
                     if let Ok(Some(status)) = child.try_wait() {
                         panic!(
                             "{label} exited ({status}) before printing {line}\n{}",
+                            report(label, lines, stderr)
+                        );
+                    }
+                    Err("not printed")
+                });
+        }
+
+        /// Waits until a stdout line starts with `prefix`.
+        pub fn wait_line_starting(&mut self, prefix: &str, within: Duration) {
+            let (label, lines, stderr) = (&self.label, &self.lines, &self.stderr);
+            let child = &mut self.child;
+            wait(format!("{label} to print a line starting {prefix}"), within)
+                .context(|| report(label, lines, stderr))
+                .until_blocking(|| {
+                    if lines.lock().unwrap().iter().any(|l| l.starts_with(prefix)) {
+                        return Ok(());
+                    }
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!(
+                            "{label} exited ({status}) before printing {prefix}\n{}",
                             report(label, lines, stderr)
                         );
                     }

@@ -69,8 +69,15 @@ pub(crate) fn check_store(d: &super::Data) -> Result<(), String> {
 }
 
 /// Refuses a write that takes the store from `before` to `after` bytes
-/// past the namespace's bound (a write that shrinks it always passes).
-fn check_bytes(cl: Cluster<'_>, before: u64, after: u64) -> Result<(), crate::DomainError> {
+/// past the namespace's bound (a write that shrinks it always passes);
+/// `elsewhere` are the bytes the namespace's torch store holds.
+fn check_bytes(
+    cl: Cluster<'_>,
+    elsewhere: u64,
+    before: u64,
+    after: u64,
+) -> Result<(), crate::DomainError> {
+    let (before, after) = (before + elsewhere, after + elsewhere);
     let max = cl.max_bytes;
     if max > 0 && after > max && after > before {
         return Err(errors::too_many_bytes(cl.namespace(), after, max));
@@ -79,10 +86,11 @@ fn check_bytes(cl: Cluster<'_>, before: u64, after: u64) -> Result<(), crate::Do
 }
 
 impl Writer<'_, '_> {
-    /// Refuses a new key past the namespace's bound on keys.
+    /// Refuses a new key past the namespace's bound on keys (the torch
+    /// store's count too).
     fn check_keys(&self) -> Result<(), crate::DomainError> {
         let limit = self.cl.cfg().max_keys;
-        if limit > 0 && self.data.kv.len() as u64 >= limit {
+        if limit > 0 && self.data.kv.len() as u64 + self.cx.torch_held.keys >= limit {
             return Err(errors::too_many_keys(self.cl.namespace, limit));
         }
         Ok(())
@@ -105,13 +113,13 @@ impl Writer<'_, '_> {
                 return Err(errors::key_exists(&key));
             }
             let after = before - entry_bytes(&key, &e.value) + added;
-            check_bytes(self.cl, before, after)?;
+            check_bytes(self.cl, self.cx.torch_held.bytes, before, after)?;
             e.value = value.clone();
             e.mod_revision = rev;
             *self.cx.kv_bytes = after;
         } else {
             self.check_keys()?;
-            check_bytes(self.cl, before, before + added)?;
+            check_bytes(self.cl, self.cx.torch_held.bytes, before, before + added)?;
             let record = KvRecord {
                 value: value.clone(),
                 create_revision: rev,

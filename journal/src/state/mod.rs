@@ -30,6 +30,7 @@ use crate::pb::{
     outcome, update::Command, ClientSession, ClusterConfig, CreateNamespace, DeleteNamespace,
     DomainError, NamespaceData, NamespaceSpec, Origin, Outcome, StateData, Update,
 };
+use crate::torch;
 
 /// Default bound on the number of clients the exactly-once table remembers.
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
@@ -177,6 +178,7 @@ pub fn client_proposable(command: &Command) -> bool {
             .as_ref()
             .is_some_and(dispatcher::client_proposable),
         Command::Closures(c) => c.command.as_ref().is_some_and(closures::client_proposable),
+        Command::Torch(c) => c.command.as_ref().is_some_and(torch::client_proposable),
     }
 }
 
@@ -186,6 +188,7 @@ enum AreaId {
     Coordination,
     Dispatcher,
     Closures,
+    Torch,
 }
 
 /// Every area's state of one namespace, borrowed apart from the shared part.
@@ -193,6 +196,8 @@ struct Areas<'s> {
     coordination: &'s mut coordination::Data,
     dispatcher: &'s mut dispatcher::Data,
     closures: &'s mut closures::Data,
+    /// Absent until the store's first command.
+    torch: &'s mut Option<torch::Data>,
 }
 
 /// One namespace's own parts, borrowed: the default namespace's are
@@ -207,6 +212,7 @@ struct Parts<'s> {
     coordination: &'s mut Option<coordination::Data>,
     dispatcher: &'s mut Option<dispatcher::Data>,
     closures: &'s mut Option<closures::Data>,
+    torch: &'s mut Option<torch::Data>,
 }
 
 impl State {
@@ -359,6 +365,18 @@ impl State {
             }
             return out;
         }
+        self.apply_area(ns, cmd, at, touched)
+    }
+
+    /// Hands an area's command to its area in namespace `ns` (which
+    /// exists), then tells the other areas of the tasks it lost.
+    fn apply_area(
+        &mut self,
+        ns: &str,
+        cmd: &Command,
+        at: u64,
+        mut touched: Option<&mut Touched>,
+    ) -> Outcome {
         let mut lost = Vec::new();
         let (mut cx, areas) = self
             .split(ns, at, &mut lost, touched.as_deref_mut())
@@ -369,6 +387,13 @@ impl State {
             }
             Command::Dispatcher(c) => (areas.dispatcher.apply(&mut cx, c), AreaId::Dispatcher),
             Command::Closures(c) => (areas.closures.apply(&mut cx, c), AreaId::Closures),
+            Command::Torch(c) => (
+                areas
+                    .torch
+                    .get_or_insert_with(Default::default)
+                    .apply(&mut cx, c),
+                AreaId::Torch,
+            ),
             _ => unreachable!("shared commands were handled above"),
         };
         self.tell_task_lost(ns, from, &lost, at, touched);
@@ -400,6 +425,14 @@ impl State {
             }
             self.kv_bytes.get_mut(key)?
         };
+        let coordination_held = torch::Held {
+            keys: parts.coordination.as_ref().map_or(0, |c| c.kv.len() as u64),
+            bytes: *kv_bytes,
+        };
+        let torch_held = parts
+            .torch
+            .as_ref()
+            .map_or_else(Default::default, |t| torch::Reader { data: t }.held());
         let cx = Context {
             cluster: Cluster {
                 config: parts.config.as_ref(),
@@ -413,11 +446,14 @@ impl State {
             lost,
             touched,
             kv_bytes,
+            coordination_held,
+            torch_held,
         };
         let areas = Areas {
             coordination: parts.coordination.get_or_insert_with(Default::default),
             dispatcher: parts.dispatcher.get_or_insert_with(Default::default),
             closures: parts.closures.get_or_insert_with(Default::default),
+            torch: parts.torch,
         };
         Some((cx, areas))
     }
@@ -506,6 +542,9 @@ impl State {
         areas.coordination.on_epoch_reset(&mut cx);
         areas.dispatcher.on_epoch_reset(&mut cx);
         areas.closures.on_epoch_reset(&mut cx);
+        if let Some(t) = areas.torch {
+            t.on_epoch_reset(&mut cx);
+        }
         Outcome::with_service_incarnation(self.epoch_incarnation(key))
     }
 
@@ -525,6 +564,7 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
         coordination,
         dispatcher,
         closures,
+        torch,
         namespaces,
         next_call_id,
         ..
@@ -540,6 +580,7 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
             coordination,
             dispatcher,
             closures,
+            torch,
         };
         return Some((parts, next_call_id));
     }
@@ -554,6 +595,7 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
         coordination: &mut n.coordination,
         dispatcher: &mut n.dispatcher,
         closures: &mut n.closures,
+        torch: &mut n.torch,
     };
     Some((parts, next_call_id))
 }

@@ -132,5 +132,8 @@ pub(super) fn check_namespace(name: &str, n: &NamespaceData) -> Result<(), Strin
     if n.coordination.is_none() || n.dispatcher.is_none() || n.closures.is_none() {
         return Err(format!("namespace {name}: an area's part is missing"));
     }
+    if let Some(t) = &n.torch {
+        crate::torch::check_data(t).map_err(|e| format!("namespace {name}: {e}"))?;
+    }
     Ok(())
 }

@@ -33,6 +33,7 @@ impl State {
                 .expect("every area's part is present"),
             dispatcher: d.dispatcher.as_ref().expect("every area's part is present"),
             closures: d.closures.as_ref().expect("every area's part is present"),
+            torch: d.torch.as_ref(),
         }
     }
 
@@ -77,6 +78,7 @@ impl State {
                 coordination: d.coordination.clone(),
                 dispatcher: d.dispatcher.clone(),
                 closures: d.closures.clone(),
+                torch: d.torch.clone(),
             });
         }
         self.data.namespaces.get(key).cloned()
@@ -102,6 +104,7 @@ impl State {
             data.coordination = n.coordination;
             data.dispatcher = n.dispatcher;
             data.closures = n.closures;
+            data.torch = n.torch;
         } else {
             data.namespaces.insert(key.to_string(), n);
         }
@@ -198,5 +201,6 @@ pub(super) fn namespace_of<'a>(key: &'a str, n: &'a NamespaceData, kv_bytes: u64
             .expect("every area's part is present"),
         dispatcher: n.dispatcher.as_ref().expect("every area's part is present"),
         closures: n.closures.as_ref().expect("every area's part is present"),
+        torch: n.torch.as_ref(),
     }
 }

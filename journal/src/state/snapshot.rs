@@ -64,6 +64,9 @@ impl State {
             }
             n.dispatcher.check_invariants(cl).map_err(named)?;
             n.closures.check_invariants(cl).map_err(named)?;
+            if let Some(t) = n.torch {
+                t.check_invariants(cl).map_err(named)?;
+            }
         }
         Ok(())
     }
@@ -134,6 +137,9 @@ impl State {
             n.coordination.check_snapshot(cl).map_err(named)?;
             n.dispatcher.check_snapshot(cl).map_err(named)?;
             n.closures.check_snapshot(cl).map_err(named)?;
+            if let Some(t) = n.torch {
+                t.check_snapshot(cl).map_err(named)?;
+            }
         }
         Ok(s)
     }
@@ -178,5 +184,15 @@ pub(super) fn state_level(data: &StateData) -> u32 {
     } else {
         crate::LEVEL_NAMESPACES
     };
-    data.feature_level.max(namespaces)
+    let torch = data.torch.is_some()
+        || data
+            .namespaces
+            .values()
+            .any(|n| n.torch.is_some() || n.spec.as_ref().is_some_and(|s| s.torch_plaintext));
+    let torch = if torch {
+        crate::LEVEL_TORCH
+    } else {
+        crate::LEVEL_BASE
+    };
+    data.feature_level.max(namespaces).max(torch)
 }

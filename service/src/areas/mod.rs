@@ -6,3 +6,4 @@
 pub mod closures;
 pub mod coordination;
 pub mod dispatcher;
+pub mod torch;

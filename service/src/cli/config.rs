@@ -232,6 +232,12 @@ pub struct SecurityOptions {
     /// [default: none]
     #[arg(long)]
     pub admin_client_name: Vec<String>,
+    /// With TLS on the client port: serve PyTorch's TCPStore protocol in
+    /// plaintext there too, for the default namespace (torch's client has
+    /// no TLS; a relay on the client host is the other way)
+    /// (`--torch-plaintext` alone means true) [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub torch_plaintext: Option<bool>,
     /// PEM certificate chain of this node on peer links: presented by the
     /// peer port and when dialing peers (needs --peer-listen, --peer-tls-key
     /// and --peer-tls-ca) [default: none, plaintext]
@@ -250,6 +256,7 @@ layered!(SecurityOptions {
     tls_cert,
     tls_key,
     tls_client_ca,
+    torch_plaintext,
     peer_tls_cert,
     peer_tls_key,
     peer_tls_ca;
@@ -338,6 +345,8 @@ pub struct ServeConfig {
     pub peer_tls: Option<PeerTls>,
     /// Who may run the cluster's verbs.
     pub admins: crate::core::Admins,
+    /// With TLS, whether the main port serves TCPStore in plaintext.
+    pub torch_plaintext: bool,
     /// The tf.data dispatcher's settings.
     pub tfdata: TfDataConfig,
     /// Threads of the async runtime (0: one per CPU).
@@ -499,6 +508,7 @@ impl ServeOptions {
             client_tls: security.client_tls,
             peer_tls: security.peer_tls,
             admins: security.admins,
+            torch_plaintext: self.security.torch_plaintext.unwrap_or(false),
             worker_threads: self.worker_threads.unwrap_or(0),
             namespace_ports: self
                 .namespace_ports

@@ -115,6 +115,11 @@ pub struct NsSettings {
     /// long [default: never]
     #[arg(long)]
     pub ttl_ms: Option<u64>,
+    /// With TLS: the namespace's port also serves PyTorch's TCPStore
+    /// protocol in plaintext (torch's client has no TLS; a relay is the
+    /// other way) [default: false]
+    #[arg(long)]
+    pub torch_plaintext: bool,
 }
 
 impl NsSettings {
@@ -149,6 +154,7 @@ impl NsSettings {
             allow_client_names: self.allow_client_name.clone(),
             ttl_ms: self.ttl_ms,
             port: self.port.unwrap_or(0),
+            torch_plaintext: self.torch_plaintext,
         })
     }
 }
@@ -176,6 +182,7 @@ fn namespace_json(n: &proto::coordstore::NamespaceInfo) -> Value {
             "max_parked_calls": s.max_parked_calls,
             "allow_client_names": s.allow_client_names,
             "ttl_ms": s.ttl_ms,
+            "torch_plaintext": s.torch_plaintext,
         },
         "tasks": {
             "disconnected": n.tasks_disconnected,
@@ -183,6 +190,11 @@ fn namespace_json(n: &proto::coordstore::NamespaceInfo) -> Value {
             "error": n.tasks_error,
         },
         "barriers_pending": n.barriers_pending,
+        "torch": {
+            "keys": n.torch_keys,
+            "queues": n.torch_queues,
+            "waiting": n.torch_waiting,
+        },
         "keys": n.keys,
         "bytes": n.bytes,
         "parked_calls": n.parked_calls,

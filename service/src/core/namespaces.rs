@@ -356,6 +356,7 @@ pub fn settings_to_parts(s: &NamespaceSettings) -> Result<(ClusterConfig, Namesp
         ttl_ms: s.ttl_ms.unwrap_or(0),
         created_ms: 0,
         tf_addresses,
+        torch_plaintext: s.torch_plaintext,
     };
     Ok((config, spec))
 }
@@ -407,6 +408,7 @@ fn settings_of(config: &ClusterConfig, spec: &NamespaceSpec) -> NamespaceSetting
         allow_client_names: spec.allow_client_names.clone(),
         ttl_ms: nonzero(spec.ttl_ms),
         port: spec.port,
+        torch_plaintext: spec.torch_plaintext,
     }
 }
 
@@ -416,6 +418,7 @@ fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
     let settings = settings_of(&n.config().cloned().unwrap_or_default(), &spec);
     let c = n.coordination().stats();
     let d = n.dispatcher();
+    let t = n.torch();
     NamespaceInfo {
         name: n.name().to_string(),
         port: spec.port,
@@ -426,8 +429,8 @@ fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
         tasks_connected: c.tasks[1],
         tasks_error: c.tasks[2],
         barriers_pending: c.barriers_pending,
-        keys: c.keys,
-        bytes: c.kv_bytes,
+        keys: c.keys + t.held().keys,
+        bytes: c.kv_bytes + t.held().bytes,
         parked_calls: parked,
         tfdata_jobs: d.jobs().count() as u64,
         tfdata_workers: d.workers().count() as u64,
@@ -446,6 +449,9 @@ fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
         created_ms: spec.created_ms,
         last_active_ms: n.last_active_ms(),
         listener,
+        torch_keys: t.num_keys() as u64,
+        torch_queues: t.queues() as u64,
+        torch_waiting: t.waiting_connections() as u64,
     }
 }
 

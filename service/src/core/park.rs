@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_PARKED_CALLS: u64 = 400_000;
 
 /// The kinds of parked calls (`journal::Wait::kind`), in label order: the
 /// `kind` label of the parked-calls metric.
-pub const KINDS: [&str; 11] = [
+pub const KINDS: [&str; 12] = [
     "register",
     "wait_for_all_tasks",
     "alive_tasks",
@@ -48,6 +48,7 @@ pub const KINDS: [&str; 11] = [
     "closure_put",
     "closure_get",
     "closure_fetch",
+    "torch_wait",
 ];
 
 fn kind_index(kind: &str) -> usize {

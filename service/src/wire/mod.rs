@@ -14,6 +14,7 @@
 //! | [`tfdata`] | `tensorflow.data.DispatcherService` (tf.data) | dispatcher |
 //! | [`closures`] | `coordstore.v1.ClosureQueue` | closures |
 //! | [`node`] | `coordstore.v1.Node` (ctl, tools, other nodes) | core, coordination |
+//! | [`torch`] | PyTorch's TCPStore protocol (raw TCP, same ports) | torch |
 
 pub mod agent;
 pub mod closures;
@@ -21,6 +22,7 @@ pub mod context;
 pub mod node;
 pub mod tf;
 pub mod tfdata;
+pub mod torch;
 pub mod xla;
 
 use std::collections::HashMap;

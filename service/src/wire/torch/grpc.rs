@@ -1,0 +1,147 @@
+//! `coordstore.v1.TorchStore`: PyTorch's TCPStore protocol over gRPC, for
+//! the relay. Each call runs one request of a relayed connection as this
+//! node's own TCPStore server runs it ([`super::conn::Session`]); the relay
+//! carries the session between calls (its sequence numbers, the
+//! STOP_WAITING written) and the connection's id is the call's origin's
+//! client id, so a request re-sent to another node after a failover is
+//! applied once.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use proto::coordstore::torch_store_server::{TorchStore, TorchStoreServer};
+use proto::coordstore::{
+    TorchCloseReply, TorchCloseRequest, TorchReply, TorchRequest, TorchStopsReply,
+    TorchStopsRequest,
+};
+use proto::torch::Decoder;
+use tonic::{Request, Response, Status};
+
+use super::conn::{Ended, Session};
+use crate::areas::torch::Store;
+use crate::core::call::plain;
+use crate::core::{Access, Call, CallError, CallResult};
+
+/// The TorchStore service of one node.
+pub struct TorchApi {
+    store: Arc<Store>,
+}
+
+impl TorchApi {
+    /// The tonic service.
+    pub fn server(store: Arc<Store>, max_message_bytes: usize) -> TorchStoreServer<Self> {
+        TorchStoreServer::new(TorchApi { store })
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+}
+
+/// The relayed connection a call speaks for: its origin's client id, and
+/// the origin's seq.
+fn connection(c: &Call) -> CallResult<(u64, u64)> {
+    let o = c.origin().ok_or_else(|| {
+        CallError::Status(Status::invalid_argument(
+            "a TorchStore call needs an origin (x-coordstore-origin): the connection's session",
+        ))
+    })?;
+    Ok((o.client_id, o.seq))
+}
+
+#[tonic::async_trait]
+impl TorchStore for TorchApi {
+    async fn request(&self, req: Request<TorchRequest>) -> Result<Response<TorchReply>, Status> {
+        let store = &self.store;
+        let errors = |_: &Call, d: &journal::DomainError| plain(d);
+        super::super::serve(
+            store.core(),
+            req,
+            super::super::door(Access::Namespace),
+            errors,
+            |c, r| async move {
+                let answer = request(store, &c, r).await;
+                (c, answer)
+            },
+        )
+        .await
+    }
+
+    async fn stops(
+        &self,
+        req: Request<TorchStopsRequest>,
+    ) -> Result<Response<TorchStopsReply>, Status> {
+        let store = &self.store;
+        let errors = |_: &Call, d: &journal::DomainError| plain(d);
+        super::super::serve(
+            store.core(),
+            req,
+            super::super::door(Access::Namespace),
+            errors,
+            |c, r| async move {
+                let answer = stops(store, &c, r).await;
+                (c, answer)
+            },
+        )
+        .await
+    }
+
+    async fn close(
+        &self,
+        req: Request<TorchCloseRequest>,
+    ) -> Result<Response<TorchCloseReply>, Status> {
+        let store = &self.store;
+        let errors = |_: &Call, d: &journal::DomainError| plain(d);
+        super::super::serve(
+            store.core(),
+            req,
+            super::super::door(Access::Namespace),
+            errors,
+            |c, _| async move {
+                let answer = connection(&c).map(|(id, _)| {
+                    store.relayed_closed(c.namespace(), id);
+                    TorchCloseReply {}
+                });
+                (c, answer)
+            },
+        )
+        .await
+    }
+}
+
+async fn request(store: &Arc<Store>, c: &Call, r: TorchRequest) -> CallResult<TorchReply> {
+    let (id, first) = connection(c)?;
+    let carried = (first.saturating_sub(1), r.written, r.recorded);
+    let mut s = Session::relayed(store.clone(), c.namespace(), id, carried);
+    let mut buf = BytesMut::from(&r.request[..]);
+    let ended = match Decoder::default().decode(&mut buf) {
+        Ok(Some(op)) if buf.is_empty() => s.run(op).await.err(),
+        Ok(_) => Some(Ended::Bad("not one whole request".into())),
+        Err(bad) => Some(Ended::Bad(bad.to_string())),
+    };
+    Ok(TorchReply {
+        reply: s.out.split().freeze(),
+        written: s.written,
+        recorded: s.recorded,
+        waiting: s.watch_at.is_some(),
+        index: s.watch_at.unwrap_or(0),
+        last_seq: s.seq,
+        close: ended.is_some(),
+        why: ended.map(|e| format!("{e:?}")).unwrap_or_default(),
+    })
+}
+
+async fn stops(store: &Store, c: &Call, r: TorchStopsRequest) -> CallResult<TorchStopsReply> {
+    let (id, _) = connection(c)?;
+    let _alive = store.watching(c.namespace(), id);
+    let view = store.watch(c, id, r.seen, r.index).await?;
+    Ok(match view {
+        None => TorchStopsReply {
+            gone: true,
+            ..Default::default()
+        },
+        Some(v) => TorchStopsReply {
+            stops: v.stops,
+            waiting: v.registered > 0,
+            gone: false,
+        },
+    })
+}
