@@ -844,6 +844,7 @@ pub async fn kv_keys(client: &mut NodeClient<Channel>, prefix: &str) -> Vec<Stri
         .kv_list(KvListRequest {
             prefix: prefix.into(),
             limit: 0,
+            ..Default::default()
         })
         .await
         .expect("kv_list")

@@ -324,6 +324,7 @@ async fn a_jobs_certificate_runs_no_cluster_verb_and_sees_only_what_admits_it() 
     let list = KvListRequest {
         prefix: String::new(),
         limit: 0,
+        ..Default::default()
     };
     refused_entry(job_a.kv_list(in_ns("b", list.clone())).await, "b", "kv ls");
     refused_entry(

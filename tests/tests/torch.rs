@@ -415,6 +415,13 @@ fn two_torch_jobs_in_two_namespaces_never_meet() {
     assert!(ok, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["torch"]["keys"], 2, "{out}");
+    let (ok, out, err) = rt.block_on(coordstore_tests::coordstore_cli(&[
+        "ctl", "--endpoint", addr, "--namespace", "job-b", "kv", "ls", "--torch", "/rank0",
+    ]));
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["key"], "/rank0/nccl-id", "{out}");
+    assert_eq!(v[0]["value"], "job b's", "{out}");
 }
 
 #[test]

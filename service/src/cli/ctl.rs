@@ -344,6 +344,9 @@ pub enum KvCommand {
     Ls {
         #[arg(default_value = "")]
         prefix: String,
+        /// The PyTorch store's keys (TCPStore) starting with PREFIX instead
+        #[arg(long)]
+        torch: bool,
     },
     /// Delete a key and everything under it.
     Delete { key: String },
@@ -629,11 +632,13 @@ async fn kv_command(
             propose(c, ns, Command::from(KvDelete { key })).await?;
             Printed::Text("OK".into())
         }
-        KvCommand::Ls { prefix } => {
-            let r = c
-                .kv_list(in_ns(ns, KvListRequest { prefix, limit: 0 })?)
-                .await?
-                .into_inner();
+        KvCommand::Ls { prefix, torch } => {
+            let list = KvListRequest {
+                prefix,
+                limit: 0,
+                torch,
+            };
+            let r = c.kv_list(in_ns(ns, list)?).await?.into_inner();
             Printed::Json(json!(r
                 .entries
                 .iter()

@@ -410,9 +410,12 @@ impl Node for NodeApi {
             move |r: KvListRequest| {
                 let c = c.clone();
                 async move {
-                    let (entries, revision) = area
-                        .kv_list_here(&c, &r.prefix, r.limit as usize)
-                        .unwrap_or_default();
+                    let limit = r.limit as usize;
+                    let (entries, revision) = match r.torch {
+                        true => torch_list_here(area.core(), &c, &r.prefix, limit),
+                        false => area.kv_list_here(&c, &r.prefix, limit),
+                    }
+                    .unwrap_or_default();
                     let entries = entries
                         .into_iter()
                         .map(|(key, value)| KvPair { key, value })
@@ -558,4 +561,26 @@ async fn check_joiner_level(core: &Core, id: u64, address: &str) -> CallResult<(
         ))
         .into()),
     }
+}
+
+/// The PyTorch store's keys starting with `prefix` and their values, in key
+/// order (at most `limit`; 0: all), as this node has them: what `ctl kv ls
+/// --torch` shows of the namespace (revision 0: that store has none).
+fn torch_list_here(
+    core: &Core,
+    c: &Call,
+    prefix: &str,
+    limit: usize,
+) -> Result<(Vec<(String, bytes::Bytes)>, u64), Status> {
+    let take = if limit == 0 { usize::MAX } else { limit };
+    core.read(c, |s| {
+        let entries = s
+            .torch()
+            .entries_from(prefix)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(take)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        (entries, 0)
+    })
 }
