@@ -14,7 +14,7 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
 fi
 SECONDS_EACH="${FUZZ_SECONDS:-5}"
 cd fuzz
-for target in journal_apply wire_decode; do
+for target in journal_apply wire_decode torch_decode; do
     echo "fuzz: $target for ${SECONDS_EACH}s" >&2
     RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$target" -- \
         -max_total_time="$SECONDS_EACH" -print_final_stats=0 2>&1 | tail -1

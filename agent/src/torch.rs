@@ -424,3 +424,41 @@ pub async fn split(
         Err(_) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    fn validate(magic: u32) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        encode(&Op::Validate(magic), &mut b);
+        b.to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_whole_validate_with_the_number_passes_and_keeps_what_follows() {
+        let (mut client, mut server) = tokio::io::duplex(64);
+        let mut first = validate(VALIDATE_MAGIC);
+        first.put_u8(13);
+        client.write_all(&first).await.unwrap();
+        let mut buf = BytesMut::new();
+        handshake(&mut server, &mut buf).await.unwrap();
+        assert_eq!(&buf[..], &[13]);
+    }
+
+    #[tokio::test]
+    async fn a_validate_cut_short_or_wrong_is_refused_when_more_comes() {
+        for (first, rest) in [
+            (validate(VALIDATE_MAGIC)[..1].to_vec(), validate(VALIDATE_MAGIC)[1..].to_vec()),
+            (validate(0xdead_beef), vec![13, 1, 0, 0, 0]),
+        ] {
+            let (mut client, mut server) = tokio::io::duplex(64);
+            // What the server's first read holds.
+            let mut buf = BytesMut::from(&first[..]);
+            let refused = tokio::spawn(async move { handshake(&mut server, &mut buf).await });
+            client.write_all(&rest).await.unwrap();
+            assert!(matches!(refused.await.unwrap(), Err(Refused::Bad(_))));
+        }
+    }
+}

@@ -485,3 +485,60 @@ fn a_namespace_admits_only_the_client_certificates_it_names() {
     let b_after = get(&mut node, "job-b");
     assert_eq!((b_after.tasks_connected, b_after.keys), (1, 0));
 }
+
+/// torch's TCPStore client has no TLS: on a TLS port its plaintext
+/// connection is closed unanswered, unless the operator allows it
+/// (`--torch-plaintext`); the relay on the client's host is the way in
+/// with mutual TLS upstream and nothing allowed.
+#[test]
+fn a_plaintext_torch_connection_needs_leave_on_a_tls_port_and_the_relay_needs_none() {
+    use agent::torch::StoreClient;
+
+    let pki = Pki::new();
+    let (mut cluster, _) = tls_cluster(&pki, 1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tls = pki.client_tls();
+    rt.block_on(wait_leader(std::slice::from_ref(&addr), &[0], &tls));
+    let refused = rt.block_on(StoreClient::connect(&addr, 1));
+    assert!(
+        refused.is_err(),
+        "a plaintext TCPStore handshake was answered"
+    );
+
+    let relay_addr = format!("127.0.0.1:{}", free_port());
+    let _relay = NodeProc::relay_with(
+        &relay_addr,
+        std::slice::from_ref(&addr),
+        &[
+            "--tls-ca".into(),
+            s(&pki.servers.cert),
+            "--tls-cert".into(),
+            s(&pki.client.cert),
+            "--tls-key".into(),
+            s(&pki.client.key),
+        ],
+        cluster.dir.path(),
+    );
+    rt.block_on(async {
+        let mut c = eventually(
+            "the relay to take a TCPStore connection",
+            Duration::from_secs(30),
+            || StoreClient::connect(&relay_addr, 2),
+        )
+        .await;
+        assert_eq!(c.add("/via-relay", 5).await.unwrap(), 5);
+        c.set("/k", b"v").await.unwrap();
+        assert_eq!(c.get("/k").await.unwrap().as_ref(), b"v");
+    });
+
+    // The operator's leave: the same client, dialing the node itself.
+    cluster.nodes[0].stop(Duration::from_secs(20));
+    cluster.nodes[0].set_arg("--torch-plaintext", "true");
+    cluster.nodes[0].start();
+    rt.block_on(wait_leader(std::slice::from_ref(&addr), &[0], &tls));
+    rt.block_on(async {
+        let mut c = StoreClient::connect(&addr, 3).await.unwrap();
+        assert_eq!(c.add("/via-relay", 1).await.unwrap(), 6);
+    });
+}
