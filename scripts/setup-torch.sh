@@ -5,9 +5,16 @@
 # build (+cu132, ~5.3 GB in the venv with its nvidia-*/cuda-* wheels); it
 # imports and runs TCPStore and gloo on a machine without a GPU.
 #
-# Fast no-op (< 2 s) when the venv already has exactly these pins: a marker
-# file inside the venv records them. Works with no stdin and under CI=true.
-# Prints the venv's python path as the last line of stdout.
+# Then builds the coordstore package (python/) as a wheel with maturin from
+# target/py-venv (made by scripts/setup-python.sh when missing) and installs
+# it into this venv with --no-deps, torch's pins untouched: torchrun's
+# `--rdzv-backend coordstore` (its `torchrun.handlers` entry point) and the
+# package's relay for the torchrun interop tests.
+#
+# Fast no-op (< 2 s) when the venv already has exactly these pins and the
+# package's sources are as at its last install: marker files inside the venv
+# record both. Works with no stdin and under CI=true. Prints the venv's
+# python path as the last line of stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -54,24 +61,20 @@ WANT="$(printf '%s\n' "${PINS[@]}")"
 
 log() { echo "setup-torch: $*" >&2; }
 
-if [[ -x "$VENV/bin/python" && -f "$MARKER" ]] && [[ "$(cat "$MARKER")" == "$WANT" ]]; then
-    echo "$VENV/bin/python"
-    exit 0
-fi
+install_torch() {
+    # shellcheck source=lib/py312-venv.sh
+    source "$ROOT/scripts/lib/py312-venv.sh"
+    py312_venv "$VENV" "the PyTorch TCPStore interop tests"
 
-# shellcheck source=lib/py312-venv.sh
-source "$ROOT/scripts/lib/py312-venv.sh"
-py312_venv "$VENV" "the PyTorch TCPStore interop tests"
+    rm -f "$MARKER"
+    log "installing torch 2.15.0 and ${#PINS[@]} pinned packages (about 5 GB)"
+    mkdir -p "$PIP_CACHE"
+    "$VENV/bin/python" -m pip install --no-input --disable-pip-version-check \
+        --cache-dir "$PIP_CACHE" --quiet --no-deps "${PINS[@]}" </dev/null
 
-rm -f "$MARKER"
-log "installing torch 2.15.0 and ${#PINS[@]} pinned packages (about 5 GB)"
-mkdir -p "$PIP_CACHE"
-"$VENV/bin/python" -m pip install --no-input --disable-pip-version-check \
-    --cache-dir "$PIP_CACHE" --quiet --no-deps "${PINS[@]}" </dev/null
-
-# Check that the installed set imports, reports the pinned version, and that a
-# libuv TCPStore server and client work on loopback (no GPU needed).
-"$VENV/bin/python" - <<'PYEOF'
+    # Check that the installed set imports, reports the pinned version, and
+    # that a libuv TCPStore server and client work on loopback (no GPU needed).
+    "$VENV/bin/python" - <<'PYEOF'
 import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from datetime import timedelta
@@ -90,6 +93,60 @@ assert client.add("n", 2) == 2
 del client, server
 PYEOF
 
-printf '%s\n' "$WANT" >"$MARKER"
+    printf '%s\n' "$WANT" >"$MARKER"
+    log "torch installed"
+}
+
+if ! [[ -x "$VENV/bin/python" && -f "$MARKER" && "$(cat "$MARKER")" == "$WANT" ]]; then
+    install_torch
+fi
+
+# The coordstore package. Its wheel holds python/ and the extension built
+# from the crates python/, agent/ and proto/ (and the workspace's lock): a
+# fingerprint of those files (tracked or not, ignored ones left out) and of
+# the build profile tells whether the installed one is current.
+PKG_MARKER="$VENV/.coordstore-package"
+PYVENV="$ROOT/target/py-venv"
+PROFILE="${COORDSTORE_PY_PROFILE:-dev}"
+WHEELS="$ROOT/target/torch-venv-wheel"
+
+package_fingerprint() {
+    {
+        echo "profile $PROFILE"
+        git -C "$ROOT" ls-files -z -c -o --exclude-standard -- \
+            python agent proto Cargo.toml Cargo.lock |
+            sort -z -u |
+            while IFS= read -r -d '' f; do
+                [[ -f "$f" ]] && sha256sum "$f"
+            done
+    } | sha256sum | cut -d' ' -f1
+}
+
+PKG_WANT="$(package_fingerprint)"
+if [[ -f "$PKG_MARKER" && "$(cat "$PKG_MARKER")" == "$PKG_WANT" ]] &&
+    "$VENV/bin/python" -c 'import coordstore._native' 2>/dev/null; then
+    echo "$VENV/bin/python"
+    exit 0
+fi
+
+if ! [[ -x "$PYVENV/bin/maturin" ]]; then
+    log "making target/py-venv for maturin (scripts/setup-python.sh)"
+    "$ROOT/scripts/setup-python.sh" >/dev/null
+fi
+rm -f "$PKG_MARKER"
+rm -rf "$WHEELS"
+log "building ($PROFILE) the coordstore wheel and installing it (--no-deps)"
+PATH="$PYVENV/bin:$PATH" CARGO_TARGET_DIR="$ROOT/target" "$PYVENV/bin/maturin" build \
+    --quiet --profile "$PROFILE" -m python/Cargo.toml --out "$WHEELS" </dev/null >&2
+"$VENV/bin/python" -m pip install --no-input --disable-pip-version-check --quiet \
+    --no-index --no-deps --force-reinstall "$WHEELS"/coordstore-*.whl </dev/null
+# torchrun finds the handler through the entry point.
+"$VENV/bin/python" - <<'PYEOF'
+from importlib.metadata import entry_points
+import coordstore._native
+names = [e.name for e in entry_points(group="torchrun.handlers")]
+assert "coordstore" in names, names
+PYEOF
+printf '%s\n' "$PKG_WANT" >"$PKG_MARKER"
 log "done"
 echo "$VENV/bin/python"

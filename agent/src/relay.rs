@@ -200,11 +200,24 @@ pub async fn serve(
     cfg: RelayConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())?
-        .in_namespace(cfg.namespace.as_deref())?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    serve_on(listener, cfg, shutdown).await
+}
+
+/// [`serve`] on a listener bound already (port 0, say: its
+/// `local_addr` is the port the relay serves on) until `shutdown` resolves.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    cfg: RelayConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let nodes = Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())?
+        .in_namespace(cfg.namespace.as_deref())?;
+    let listen = listener
+        .local_addr()
+        .map_err(|e| format!("the relay's listener: {e}"))?;
     let incoming = split_torch(listener, nodes.clone(), cfg.max_message_bytes);
     let svc = xla::coordination_service_server::CoordinationServiceServer::new(XlaRelay {
         nodes: nodes.clone(),

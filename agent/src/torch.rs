@@ -71,6 +71,25 @@ impl StoreClient {
     /// Connects to `addr` and shakes hands (VALIDATE, then PING with `nonce`).
     pub async fn connect(addr: &str, nonce: u32) -> std::io::Result<StoreClient> {
         let stream = TcpStream::connect(addr).await?;
+        Self::shake(stream, nonce).await
+    }
+
+    /// [`StoreClient::connect`] from local address `from` (many clients on
+    /// one host need more than one source address's ephemeral ports).
+    pub async fn connect_from(
+        addr: std::net::SocketAddr,
+        from: std::net::IpAddr,
+        nonce: u32,
+    ) -> std::io::Result<StoreClient> {
+        let socket = match from {
+            std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(std::net::SocketAddr::new(from, 0))?;
+        Self::shake(socket.connect(addr).await?, nonce).await
+    }
+
+    async fn shake(stream: TcpStream, nonce: u32) -> std::io::Result<StoreClient> {
         stream.set_nodelay(true)?;
         let mut c = StoreClient {
             stream,
@@ -450,7 +469,10 @@ mod tests {
     #[tokio::test]
     async fn a_validate_cut_short_or_wrong_is_refused_when_more_comes() {
         for (first, rest) in [
-            (validate(VALIDATE_MAGIC)[..1].to_vec(), validate(VALIDATE_MAGIC)[1..].to_vec()),
+            (
+                validate(VALIDATE_MAGIC)[..1].to_vec(),
+                validate(VALIDATE_MAGIC)[1..].to_vec(),
+            ),
             (validate(0xdead_beef), vec![13, 1, 0, 0, 0]),
         ] {
             let (mut client, mut server) = tokio::io::duplex(64);

@@ -21,6 +21,7 @@ pub mod report;
 pub mod scale;
 pub mod stats;
 pub mod tfdata;
+pub mod torch;
 
 use std::path::PathBuf;
 

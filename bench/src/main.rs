@@ -10,7 +10,7 @@ use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
     barrier, closures, failover, handoff, jax_latency, kv, memory, namespaces, parked, propose,
-    replay, scale, tfdata,
+    replay, scale, tfdata, torch,
 };
 
 #[derive(Parser)]
@@ -103,6 +103,11 @@ enum Suite {
     /// through register, topology exchange, barrier, steady heartbeats and
     /// shutdown: coordstore 1 and 3 nodes beside jaxlib's built-in service.
     Scale(ScaleArgs),
+    /// N simulated PyTorch ranks (TCPStore connections) through a torchrun +
+    /// NCCL start-up (connect, init/, rendezvous compare-and-set, NCCL id
+    /// hand-off, barrier) and steady dump-flag polling: coordstore 1 and 3
+    /// nodes beside torch's own libuv server; and one SET→WAIT+GET hand-off.
+    Torch(TorchArgs),
     /// Many jobs on one 3-node cluster: M namespaces of T tasks at once,
     /// against one namespace of M × T tasks and the M one after another;
     /// the RSS of an empty namespace; create → registered on a follower.
@@ -245,6 +250,30 @@ struct ScaleArgs {
     call_timeout_s: u64,
 }
 
+// The options of `coordstore-bench torch`.
+#[derive(clap::Args)]
+struct TorchArgs {
+    /// Rank counts (N).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
+    ranks: Vec<usize>,
+    /// Ranks per torchrun agent (GPUs per host): N / this agents contend
+    /// on the rendezvous key.
+    #[arg(long, default_value_t = 8)]
+    ranks_per_agent: usize,
+    /// Seconds of the steady phase.
+    #[arg(long, default_value_t = 30.0)]
+    steady_seconds: f64,
+    /// Connects in flight at once.
+    #[arg(long, default_value_t = 512)]
+    connect_parallel: usize,
+    /// A phase slower than this fails, s.
+    #[arg(long, default_value_t = 600)]
+    phase_timeout_s: u64,
+    /// Peers: coordstore-1, coordstore-3, torch [default: all three]
+    #[arg(long, value_delimiter = ',')]
+    torch_peers: Vec<String>,
+}
+
 // The options of `coordstore-bench namespaces`.
 #[derive(clap::Args)]
 struct NamespacesArgs {
@@ -332,6 +361,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Suite::Tfdata(a) => return tfdata_suite(&out, a).await,
         Suite::Closures(a) => return closures_suite(&out, a).await,
         Suite::Scale(a) => return scale_suite(&out, a, &cli.peers, &report.machine).await,
+        Suite::Torch(a) => return torch_suite(&out, a, &report.machine).await,
         Suite::Namespaces(a) => return namespaces_suite(&out, a).await,
         Suite::JaxLatency { iterations } => return jax_latency_suite(&out, iterations).await,
         Suite::All(a) => {
@@ -597,6 +627,38 @@ async fn scale_suite(
         Ok(()) => eprintln!("chart: {}", png.display()),
         Err(e) => eprintln!("no chart: {e:#}"),
     }
+    eprintln!("results: {}", path.display());
+    Ok(())
+}
+
+/// `torch`.
+async fn torch_suite(out: &Out, a: TorchArgs, machine: &Machine) -> anyhow::Result<()> {
+    let load = torch::Load {
+        ranks: a.ranks,
+        ranks_per_agent: a.ranks_per_agent,
+        steady: std::time::Duration::from_secs_f64(a.steady_seconds),
+        connect_parallel: a.connect_parallel,
+        phase_timeout: std::time::Duration::from_secs(a.phase_timeout_s),
+    };
+    let names = if a.torch_peers.is_empty() {
+        vec!["coordstore-1".into(), "coordstore-3".into(), "torch".into()]
+    } else {
+        a.torch_peers
+    };
+    let peers = names
+        .iter()
+        .map(|n| match n.as_str() {
+            "coordstore-1" => Ok(torch::Peer::Coordstore(1)),
+            "coordstore-3" => Ok(torch::Peer::Coordstore(3)),
+            "torch" => Ok(torch::Peer::Torch),
+            other => Err(anyhow::anyhow!("unknown torch peer {other}")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (rows, handoffs) = torch::run(&peers, &load).await?;
+    let path = out.json("torch", &(&rows, &handoffs))?;
+    let md = format!("{}\n{}", machine.line(), torch::table(&rows, &handoffs));
+    std::fs::write(out.dir.join("torch.md"), &md)?;
+    println!("{md}");
     eprintln!("results: {}", path.display());
     Ok(())
 }

@@ -173,7 +173,7 @@ impl Servers {
 }
 
 /// CPU seconds (user + system) of process `pid` so far.
-fn cpu_seconds(pid: u32) -> f64 {
+pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };

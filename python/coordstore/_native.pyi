@@ -1,8 +1,11 @@
 # Type stubs of the native module (python/src/lib.rs).
+import os
 from collections.abc import Callable
-from typing import Optional
+from typing import Optional, Union
 
 from .errors import CoordstoreError
+
+_Path = Union[str, os.PathLike[str]]
 
 class Agent:
     def __init__(
@@ -15,6 +18,9 @@ class Agent:
         retry_for_s: float = 300.0,
         on_error: Optional[Callable[[CoordstoreError], None]] = None,
         namespace: Optional[str] = None,
+        tls_ca: Optional[_Path] = None,
+        tls_cert: Optional[_Path] = None,
+        tls_key: Optional[_Path] = None,
     ) -> None: ...
     @property
     def state(self) -> str: ...
@@ -78,3 +84,44 @@ class Worker:
     def finish_many(self, results: list[tuple[int, bytes]]) -> list[bool]: ...
     def fail(self, id: int, code: int, message: str, payload: bytes = ...) -> bool: ...
     def put_back(self, id: int) -> bool: ...
+
+class Relay:
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        listen: str = "127.0.0.1:0",
+        namespace: Optional[str] = None,
+        tls_ca: Optional[_Path] = None,
+        tls_cert: Optional[_Path] = None,
+        tls_key: Optional[_Path] = None,
+        retry_for_s: float = 600.0,
+    ) -> None: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    def close(self, timeout_s: float = 5.0) -> None: ...
+
+def create_namespace(
+    endpoints: list[str],
+    name: str,
+    *,
+    tasks: int = 1,
+    ttl_ms: Optional[int] = None,
+    max_keys: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    tls_ca: Optional[_Path] = None,
+    tls_cert: Optional[_Path] = None,
+    tls_key: Optional[_Path] = None,
+    retry_for_s: float = 60.0,
+) -> tuple[str, int, dict[str, int]]: ...
+def get_namespace(
+    endpoints: list[str],
+    name: str,
+    *,
+    tls_ca: Optional[_Path] = None,
+    tls_cert: Optional[_Path] = None,
+    tls_key: Optional[_Path] = None,
+    retry_for_s: float = 60.0,
+) -> tuple[str, int, dict[str, int]]: ...

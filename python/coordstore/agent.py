@@ -10,6 +10,7 @@ barrier rides through a leader failover.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Optional, Union
 
@@ -17,6 +18,7 @@ from . import _native
 from .errors import CoordstoreError
 
 Value = Union[bytes, str]
+PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _b(v: Value) -> bytes:
@@ -72,6 +74,13 @@ class Agent:
     (from a background thread) with a :class:`coordstore.errors.CoordstoreError`
     whenever the agent enters ERROR: an error this task reported, or one the
     service propagated from another task.
+
+    TLS (the Rust agent's, and ``coordstore ctl``'s ``--tls-ca``,
+    ``--tls-cert``, ``--tls-key``): ``tls_ca`` is the PEM file of the CA
+    that signed the nodes' certificates (the nodes are then dialed over TLS,
+    each checked for the host dialed); ``tls_cert`` and ``tls_key`` are this
+    task's client certificate and key, for a cluster with mutual TLS
+    (``--tls-client-ca``). None of them: plaintext.
     """
 
     def __init__(
@@ -84,6 +93,9 @@ class Agent:
         retry_for: float = 300.0,
         on_error: Optional[Callable[[CoordstoreError], None]] = None,
         namespace: Optional[str] = None,
+        tls_ca: Optional[PathLike] = None,
+        tls_cert: Optional[PathLike] = None,
+        tls_key: Optional[PathLike] = None,
     ) -> None:
         self._a = _native.Agent(
             list(endpoints),
@@ -93,6 +105,9 @@ class Agent:
             retry_for_s=retry_for,
             on_error=on_error,
             namespace=namespace,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
 
     @property

@@ -19,8 +19,6 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-import cloudpickle
-
 from . import _native
 from .errors import ClosureFailed
 
@@ -133,6 +131,10 @@ class ClusterCoordinator:
         """Schedules ``fn(*args, **kwargs)`` on some worker; waits while the
         queue is full. Raises the queue's first error instead, if one is
         pending (that closure is not scheduled)."""
+        # Imported here: the package is also used where cloudpickle is not
+        # installed (torchrun's rendezvous handler in a torch venv).
+        import cloudpickle
+
         payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
         try:
             closure_id = self._native.schedule(payload)

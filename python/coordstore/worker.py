@@ -21,8 +21,6 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
-import cloudpickle
-
 from . import _native
 from .errors import NotFound
 
@@ -32,6 +30,8 @@ class PutBack(Exception):
 
 
 def _error_payload(e: BaseException) -> bytes:
+    import cloudpickle  # here, not at the top: see run()
+
     try:
         payload = cloudpickle.dumps(e)
         pickle.loads(payload)
@@ -73,6 +73,10 @@ def run(
 ) -> None:
     """Runs closures of ``queue`` (in ``namespace``; ``None``: the default
     one) until ``stop`` is set (or forever)."""
+    # Imported here: `import coordstore` must work where cloudpickle is not
+    # installed (torchrun's rendezvous handler in a torch venv).
+    import cloudpickle
+
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     worker = _native.Worker(list(endpoints), queue, name, namespace=namespace)
     waiting_for_queue = False

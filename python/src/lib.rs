@@ -6,13 +6,21 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use agent::closures::{self as cl, ClosureError, QueueConfig};
+use agent::endpoints::Endpoints;
 use agent::preemption::{self, ManualNotifier, PreemptionNotifier, SigtermNotifier};
+use agent::relay::RelayConfig;
 use agent::{AgentConfig, CoordinatedTask};
 use bytes::Bytes;
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::{
+    CreateNamespaceRequest, NamespaceInfo, NamespaceRequest, NamespaceSettings,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tonic::Status;
@@ -99,6 +107,33 @@ fn timeout(s: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+/// The client TLS of `ca` (the servers' CA) and the client certificate
+/// `cert` with its key `key` (PEM files), as the Rust agent and `coordstore
+/// ctl --tls-ca/--tls-cert/--tls-key` take them; None (plaintext) when none
+/// is given. A certificate needs its key and the CA.
+fn tls(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> PyResult<Option<tonic::transport::ClientTlsConfig>> {
+    let bad = |m: &str| pyo3::exceptions::PyValueError::new_err(m.to_string());
+    let cert_key = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err(bad("tls_cert and tls_key go together")),
+    };
+    let Some(ca) = ca else {
+        return match cert_key {
+            Some(_) => Err(bad("a client certificate needs tls_ca (the servers' CA)")),
+            None => Ok(None),
+        };
+    };
+    let cert_key = cert_key.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    proto::tls::client(&ca, cert_key)
+        .map(Some)
+        .map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
 /// The coordination agent of one task (`docs/protocols.md`,
 /// CoordinationServiceAgent API).
 #[pyclass(module = "coordstore._native", frozen)]
@@ -109,7 +144,8 @@ struct Agent {
 #[pymethods]
 impl Agent {
     #[new]
-    #[pyo3(signature = (endpoints, job_name, task_id, *, heartbeat_interval_s = 10.0, retry_for_s = 300.0, on_error = None, namespace = None))]
+    #[pyo3(signature = (endpoints, job_name, task_id, *, heartbeat_interval_s = 10.0, retry_for_s = 300.0, on_error = None, namespace = None, tls_ca = None, tls_cert = None, tls_key = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         endpoints: Vec<String>,
         job_name: &str,
@@ -118,10 +154,14 @@ impl Agent {
         retry_for_s: f64,
         on_error: Option<Py<PyAny>>,
         namespace: Option<String>,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
     ) -> PyResult<Agent> {
         let _rt = runtime().enter();
         let mut cfg = AgentConfig::new(endpoints, job_name, task_id);
         cfg.namespace = namespace;
+        cfg.tls = tls(tls_ca, tls_cert, tls_key)?;
         cfg.heartbeat_interval = timeout(Some(heartbeat_interval_s))?.unwrap_or_default();
         cfg.retry_for = timeout(Some(retry_for_s))?.unwrap_or_default();
         let on_error: agent::ErrorCallback = Arc::new(move |s: &Status| {
@@ -594,6 +634,196 @@ impl Worker {
     }
 }
 
+/// A relay (`coordstore relay`) in this process: stock clients (torch's
+/// TCPStore, jaxlib, TensorFlow) dial its plaintext port, it dials the
+/// nodes (over TLS when given) and re-issues in-flight calls at a live node.
+#[pyclass(module = "coordstore._native", frozen)]
+struct Relay {
+    addr: SocketAddr,
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    served: Mutex<Option<tokio::task::JoinHandle<Result<(), String>>>>,
+}
+
+#[pymethods]
+impl Relay {
+    /// Starts serving on `listen` (port 0: a free one, see `port`).
+    #[new]
+    #[pyo3(signature = (endpoints, *, listen = "127.0.0.1:0", namespace = None, tls_ca = None, tls_cert = None, tls_key = None, retry_for_s = 600.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        endpoints: Vec<String>,
+        listen: &str,
+        namespace: Option<String>,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+        retry_for_s: f64,
+    ) -> PyResult<Relay> {
+        let bad = pyo3::exceptions::PyValueError::new_err;
+        let listen: SocketAddr = listen
+            .parse()
+            .map_err(|e| bad(format!("listen {listen:?}: {e}")))?;
+        let mut cfg = RelayConfig::new(endpoints);
+        cfg.namespace = namespace;
+        cfg.tls = tls(tls_ca, tls_cert, tls_key)?;
+        cfg.retry_for = timeout(Some(retry_for_s))?.unwrap_or_default();
+        {
+            // The endpoints and the namespace are checked here, not in the
+            // serving task (lazy channels: nothing is dialed yet).
+            let _rt = runtime().enter();
+            Endpoints::with_tls(&cfg.endpoints, cfg.retry_for, cfg.tls.clone())
+                .and_then(|e| e.in_namespace(cfg.namespace.as_deref()))
+                .map_err(bad)?;
+        }
+        let listener = wait(py, tokio::net::TcpListener::bind(listen))?.map_err(|e| {
+            pyo3::exceptions::PyOSError::new_err(format!("cannot listen on {listen}: {e}"))
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = runtime().spawn(agent::relay::serve_on(listener, cfg, async {
+            let _ = stopped.await;
+        }));
+        Ok(Relay {
+            addr,
+            stop: Mutex::new(Some(stop)),
+            served: Mutex::new(Some(served)),
+        })
+    }
+
+    /// The address it serves on (HOST:PORT).
+    #[getter]
+    fn address(&self) -> String {
+        self.addr.to_string()
+    }
+
+    #[getter]
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Stops accepting (connections open already are relayed on until
+    /// their clients close them); waits up to `timeout_s` for the server
+    /// to end.
+    #[pyo3(signature = (timeout_s = 5.0))]
+    fn close(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        if let Some(stop) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = stop.send(());
+        }
+        let served = self.served.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(served) = served else { return Ok(()) };
+        let t = timeout(Some(timeout_s))?.unwrap_or_default();
+        match wait(py, async move { tokio::time::timeout(t, served).await })? {
+            Ok(Ok(Err(e))) => Err(pyo3::exceptions::PyRuntimeError::new_err(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A namespace as Python sees it: (name, port, settings as a dict).
+type NamespaceTuple = (String, u32, BTreeMap<String, u64>);
+
+fn namespace_tuple(n: NamespaceInfo) -> NamespaceTuple {
+    let s = n.settings.unwrap_or_default();
+    let mut settings = BTreeMap::from([("tasks".to_string(), u64::from(s.tasks))]);
+    for (k, v) in [
+        ("ttl_ms", s.ttl_ms),
+        ("max_keys", s.max_keys),
+        ("max_bytes", s.max_bytes),
+    ] {
+        if let Some(v) = v {
+            settings.insert(k.to_string(), v);
+        }
+    }
+    (n.name, n.port, settings)
+}
+
+/// The Node API of `endpoints` (failover, exactly once), over TLS if given.
+fn node_api(
+    endpoints: &[String],
+    tls_config: Option<tonic::transport::ClientTlsConfig>,
+    retry_for_s: f64,
+) -> PyResult<Endpoints> {
+    let _rt = runtime().enter();
+    let retry = timeout(Some(retry_for_s))?.unwrap_or_default();
+    Endpoints::with_tls(endpoints, retry, tls_config)
+        .map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
+fn node_client(ch: tonic::transport::Channel) -> NodeClient<tonic::transport::Channel> {
+    NodeClient::new(ch)
+}
+
+/// Creates namespace `name` (`coordstore ctl ns create`): `tasks` tasks of
+/// job jax_worker, the TTL and quotas given (None: none), on the cluster's
+/// range of ports. Raises `AlreadyExists` if it exists, `PermissionDenied`
+/// for a client that is not an admin of a cluster with mutual TLS.
+/// Returns (name, port, settings).
+#[pyfunction]
+#[pyo3(signature = (endpoints, name, *, tasks = 1, ttl_ms = None, max_keys = None, max_bytes = None, tls_ca = None, tls_cert = None, tls_key = None, retry_for_s = 60.0))]
+#[allow(clippy::too_many_arguments)]
+fn create_namespace(
+    py: Python<'_>,
+    endpoints: Vec<String>,
+    name: String,
+    tasks: u32,
+    ttl_ms: Option<u64>,
+    max_keys: Option<u64>,
+    max_bytes: Option<u64>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    retry_for_s: f64,
+) -> PyResult<NamespaceTuple> {
+    let nodes = node_api(&endpoints, tls(tls_ca, tls_cert, tls_key)?, retry_for_s)?;
+    let req = CreateNamespaceRequest {
+        name,
+        settings: Some(NamespaceSettings {
+            tasks,
+            ttl_ms,
+            max_keys,
+            max_bytes,
+            ..Default::default()
+        }),
+    };
+    let call = nodes.call(req, |ch, r| async move {
+        node_client(ch).create_namespace(r).await
+    });
+    let info = wait(py, call)?.map_err(err)?;
+    Ok(namespace_tuple(info))
+}
+
+/// Namespace `name` (`coordstore ctl ns get`): (name, port, settings).
+/// Raises `NotFound` if there is none.
+#[pyfunction]
+#[pyo3(signature = (endpoints, name, *, tls_ca = None, tls_cert = None, tls_key = None, retry_for_s = 60.0))]
+fn get_namespace(
+    py: Python<'_>,
+    endpoints: Vec<String>,
+    name: String,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    retry_for_s: f64,
+) -> PyResult<NamespaceTuple> {
+    let nodes = node_api(&endpoints, tls(tls_ca, tls_cert, tls_key)?, retry_for_s)?;
+    let call = nodes.call(NamespaceRequest { name }, |ch, r| async move {
+        node_client(ch).get_namespace(r).await
+    });
+    let info = wait(py, call)?.map_err(err)?;
+    Ok(namespace_tuple(info))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Agent>()?;
@@ -601,5 +831,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PreemptionSyncManager>()?;
     m.add_class::<Coordinator>()?;
     m.add_class::<Worker>()?;
+    m.add_class::<Relay>()?;
+    m.add_function(wrap_pyfunction!(create_namespace, m)?)?;
+    m.add_function(wrap_pyfunction!(get_namespace, m)?)?;
     Ok(())
 }

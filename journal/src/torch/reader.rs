@@ -33,6 +33,22 @@ impl<'a> Reader<'a> {
             .all(|k| self.data.kv.contains_key(k) || self.data.queues.contains_key(k))
     }
 
+    /// What a COMPARE_SET of `key` would answer when it cannot change the
+    /// state — nobody waits on the key, and it would store nothing — or
+    /// `None` when it may change it (it stores, or wakes waiters). Such a
+    /// COMPARE_SET is a read.
+    pub fn compare_set_unchanging(&self, key: &str, expected: &[u8]) -> Option<Bytes> {
+        if self.data.waiting.contains_key(key) {
+            return None;
+        }
+        match self.data.kv.get(key) {
+            None if expected.is_empty() => None,
+            None => Some(Bytes::copy_from_slice(expected)),
+            Some(v) if v == expected => None,
+            Some(v) => Some(v.clone()),
+        }
+    }
+
     /// Number of keys (GETNUMKEYS: queues not counted).
     pub fn num_keys(&self) -> usize {
         self.data.kv.len()

@@ -225,3 +225,29 @@ fn the_store_needs_level_four_and_a_state_that_used_it_says_so() {
         b"v"
     );
 }
+
+#[test]
+fn a_compare_set_that_cannot_change_the_state_is_known_as_a_read() {
+    let mut t = T::new();
+    let r = |t: &T, key: &str, expected: &[u8]| {
+        t.s.default_namespace()
+            .torch()
+            .compare_set_unchanging(key, expected)
+            .map(|b| b.to_vec())
+    };
+    // Missing key, empty expected: it stores.
+    assert_eq!(r(&t, "/k", b""), None);
+    // Missing key, expected not empty: answers expected, stores nothing.
+    assert_eq!(r(&t, "/k", b"x"), Some(b"x".to_vec()));
+    t.set("/k", b"v");
+    assert_eq!(r(&t, "/k", b"v"), None);
+    assert_eq!(r(&t, "/k", b"w"), Some(b"v".to_vec()));
+    // With a waiter on the key every CAS wakes it: not a read.
+    t.wait(A, &["/k2"]);
+    assert_eq!(r(&t, "/k2", b"x"), None);
+    // What the read answers is what the command answers.
+    let mut t = T::new();
+    t.set("/k", b"v");
+    assert_eq!(t.cas("/k", b"w", b"z"), r(&t, "/k", b"w").unwrap());
+    assert_eq!(t.cas("/m", b"x", b"z"), r(&t, "/m", b"x").unwrap());
+}

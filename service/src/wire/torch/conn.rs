@@ -333,6 +333,13 @@ impl Session {
                 expected,
                 desired,
             } => {
+                // One that cannot change the state is a read (the many a
+                // rendezvous' contended key sees lose nothing to Raft).
+                let read = self.read(|r| r.compare_set_unchanging(&key, &expected));
+                if let Some(current) = read.await? {
+                    put_bytes(&mut self.out, &current);
+                    return Ok(());
+                }
                 let cas = cmd::CompareSet {
                     key,
                     expected,

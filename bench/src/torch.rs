@@ -1,0 +1,657 @@
+//! `torch`: N simulated PyTorch ranks (one TCPStore connection each, the
+//! protocol spoken by `agent::torch::StoreClient`) doing what a torchrun +
+//! NCCL start-up does to its store, in phases, each timed by its slowest
+//! rank:
+//!
+//! * `connect`: connect, VALIDATE, PING;
+//! * `init`: every rank ADDs `init/` (a TCPStore client given the world
+//!   size);
+//! * `rendezvous`: M = N / `ranks_per_agent` agents join by
+//!   compare-and-set on one key, each retrying with the value the last
+//!   attempt answered until its own lands (torch's c10d rendezvous backend);
+//! * `nccl-id`: ranks 1..N WAIT for the id, rank 0 SETs it (128 bytes), every
+//!   rank GETs it once released;
+//! * `barrier`: every rank BARRIERs on one key;
+//! * `steady`: every rank CHECKs its dump flag once a second (NCCL's
+//!   heartbeat monitor), spread over the second.
+//!
+//! Peers: coordstore with 1 and 3 nodes (ranks spread over every node;
+//! followers forward) and torch's own libuv TCPStore server (the torch
+//! venv's Python), driven by the same generator. Per phase: time, errors,
+//! each server's CPU seconds and RSS; in the steady phase each serving
+//! node's CPU and the Raft entries per second. A second measure, `handoff`:
+//! one rank SETs a key, another (on a follower) WAITs and GETs it, 200
+//! times: the hand-off's median and p99.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent::torch::StoreClient;
+use bytes::Bytes;
+use coordstore_tests::{try_status, Cluster};
+use proto::torch::{Op, STOP_WAITING};
+use tokio::sync::Semaphore;
+
+use crate::memory::rss;
+use crate::scale::{cpu_seconds, raise_nofile, ServerUse};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// Rank counts (N).
+    pub ranks: Vec<usize>,
+    /// Ranks per torchrun agent (GPUs per host): M = N / this.
+    pub ranks_per_agent: usize,
+    /// Length of the steady phase.
+    pub steady: Duration,
+    /// Connects in flight at once (the same for every peer).
+    pub connect_parallel: usize,
+    /// A phase taking longer than this fails.
+    pub phase_timeout: Duration,
+}
+
+/// The peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// coordstore, this many nodes.
+    Coordstore(usize),
+    /// torch's own libuv TCPStore server.
+    Torch,
+}
+
+impl Peer {
+    fn name(self) -> String {
+        match self {
+            Peer::Coordstore(n) => format!("coordstore-{n}"),
+            Peer::Torch => "torch-libuv".into(),
+        }
+    }
+}
+
+/// One phase of one run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PhaseRow {
+    /// The phase.
+    pub phase: String,
+    /// Its slowest rank, s.
+    pub seconds: f64,
+    /// Each server.
+    pub servers: Vec<ServerUse>,
+    /// Failed requests (a closed connection, a timeout).
+    pub errors: u64,
+    /// The first failure.
+    pub first_error: Option<String>,
+    /// Raft log entries appended during the phase (coordstore).
+    pub log_entries: Option<u64>,
+}
+
+/// One (peer, N) run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Row {
+    /// Peer name.
+    pub peer: String,
+    /// Ranks.
+    pub ranks: usize,
+    /// Agents (compare-and-set contenders).
+    pub agents: usize,
+    /// `ok`, or how the run failed.
+    pub outcome: String,
+    /// The phases run.
+    pub phases: Vec<PhaseRow>,
+}
+
+/// The SET → WAIT+GET hand-off of one peer.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Handoff {
+    /// Peer name.
+    pub peer: String,
+    /// Median, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// The servers of one run.
+struct Servers {
+    /// Each server's client address and pid.
+    addrs: Vec<(SocketAddr, Option<u32>)>,
+    cluster: Option<Cluster>,
+    torch: Option<std::process::Child>,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.torch {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Servers {
+    async fn start(peer: Peer, ranks: usize) -> anyhow::Result<Servers> {
+        match peer {
+            Peer::Coordstore(nodes) => {
+                let parked = (ranks * 2 + 1024).to_string();
+                let mut flags = vec![
+                    "--raft-heartbeat-ms",
+                    "100",
+                    "--election-timeout-ms",
+                    "1000",
+                    "--max-parked-calls",
+                    &parked,
+                ];
+                let extra = crate::peers::SERVER_FLAGS
+                    .get()
+                    .cloned()
+                    .unwrap_or_default();
+                flags.extend(extra.iter().map(String::as_str));
+                let cluster = Cluster::start_hosts(nodes, &flags);
+                let all: Vec<usize> = (0..nodes).collect();
+                cluster.wait_leader(&all, Duration::from_secs(60)).await;
+                let addrs = cluster
+                    .nodes
+                    .iter()
+                    .map(|n| Ok((n.addr.parse()?, n.pid())))
+                    .collect::<anyhow::Result<_>>()?;
+                Ok(Servers {
+                    addrs,
+                    cluster: Some(cluster),
+                    torch: None,
+                })
+            }
+            Peer::Torch => start_torch().await,
+        }
+    }
+
+    fn pids(&self) -> Vec<Option<u32>> {
+        self.addrs.iter().map(|(_, p)| *p).collect()
+    }
+
+    /// Each server's role now.
+    async fn roles(&self) -> Vec<String> {
+        let Some(c) = &self.cluster else {
+            return vec!["torch".into()];
+        };
+        let mut roles = Vec::new();
+        for n in &c.nodes {
+            let leads = try_status(&n.addr)
+                .await
+                .is_some_and(|s| s.leader_id == n.id);
+            roles.push(if leads { "leader" } else { "follower" }.to_string());
+        }
+        roles
+    }
+
+    /// The highest last log index of any node (coordstore).
+    async fn log_index(&self) -> Option<u64> {
+        let c = self.cluster.as_ref()?;
+        let mut best = None;
+        for n in &c.nodes {
+            if let Some(s) = try_status(&n.addr).await {
+                best = best.max(Some(s.last_log_index));
+            }
+        }
+        best
+    }
+
+    /// A follower's index (the leader's if there is no follower).
+    async fn follower(&self) -> usize {
+        let roles = self.roles().await;
+        roles.iter().position(|r| r == "follower").unwrap_or(0)
+    }
+}
+
+/// torch's libuv TCPStore server in the torch venv's Python, on a free port.
+async fn start_torch() -> anyhow::Result<Servers> {
+    let python = coordstore_tests::workspace().join("target/torch-venv/bin/python");
+    anyhow::ensure!(
+        python.exists(),
+        "{} is missing: run scripts/setup-torch.sh",
+        python.display()
+    );
+    let port = coordstore_tests::free_port();
+    let script = format!(
+        "import sys, datetime, torch.distributed as d\n\
+         s = d.TCPStore('127.0.0.1', {port}, is_master=True, use_libuv=True, \
+         wait_for_workers=False, timeout=datetime.timedelta(hours=1))\n\
+         print('LISTENING', flush=True)\n\
+         sys.stdin.read()\n"
+    );
+    let mut child = std::process::Command::new(python)
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(
+            std::env::temp_dir().join("coordstore-bench-torch-server.err"),
+        )?)
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let listening = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .any(|l| l.is_ok_and(|l| l == "LISTENING"))
+    });
+    anyhow::ensure!(
+        tokio::time::timeout(Duration::from_secs(120), listening).await??,
+        "torch's server did not start (its stderr: {})",
+        std::env::temp_dir()
+            .join("coordstore-bench-torch-server.err")
+            .display()
+    );
+    let pid = child.id();
+    Ok(Servers {
+        addrs: vec![(SocketAddr::from(([127, 0, 0, 1], port)), Some(pid))],
+        cluster: None,
+        torch: Some(child),
+    })
+}
+
+/// The local address client `i` connects from: 127.1.x.y, so that many
+/// clients do not run out of one address's ephemeral ports.
+fn source(i: usize) -> IpAddr {
+    let k = i / 16_384;
+    IpAddr::V4(Ipv4Addr::new(127, 1, (k / 250) as u8, (k % 250 + 1) as u8))
+}
+
+/// Per-rank outcome of a phase.
+type RankResult = Result<(), String>;
+
+/// One rank's part of a phase.
+type RankFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = RankResult> + Send + 'a>>;
+
+/// Runs `f` for every rank at once; (slowest rank, errors, first error).
+async fn all_ranks<F>(
+    clients: &mut [StoreClient],
+    timeout: Duration,
+    f: F,
+) -> (f64, u64, Option<String>)
+where
+    F: for<'a> Fn(usize, &'a mut StoreClient) -> RankFuture<'a>,
+{
+    let t0 = Instant::now();
+    let futs = clients.iter_mut().enumerate().map(|(i, c)| {
+        let fut = f(i, c);
+        async move {
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r,
+                Err(_) => Err("timed out".into()),
+            }
+        }
+    });
+    let results = futures_util::future::join_all(futs).await;
+    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    (
+        t0.elapsed().as_secs_f64(),
+        errors.len() as u64,
+        errors.into_iter().next(),
+    )
+}
+
+fn io(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+/// Every peer, every N.
+pub async fn run(peers: &[Peer], load: &Load) -> anyhow::Result<(Vec<Row>, Vec<Handoff>)> {
+    raise_nofile();
+    let mut rows = Vec::new();
+    let mut handoffs = Vec::new();
+    for &peer in peers {
+        match handoff(peer).await {
+            Ok(h) => handoffs.push(h),
+            Err(e) => eprintln!("torch: {} handoff: {e:#}", peer.name()),
+        }
+        for &n in &load.ranks {
+            eprintln!("torch: {}, {n} ranks", peer.name());
+            let row = one(peer, n, load).await.unwrap_or_else(|e| Row {
+                peer: peer.name(),
+                ranks: n,
+                agents: 0,
+                outcome: format!("failed to start: {e:#}"),
+                phases: Vec::new(),
+            });
+            eprintln!("torch: {} {n}: {}", peer.name(), row.outcome);
+            rows.push(row);
+        }
+    }
+    Ok((rows, handoffs))
+}
+
+/// One peer, one N.
+async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
+    let servers = Servers::start(peer, n).await?;
+    let agents = (n / load.ranks_per_agent.max(1)).max(1);
+    let mut row = Row {
+        peer: peer.name(),
+        ranks: n,
+        agents,
+        outcome: "ok".into(),
+        phases: Vec::new(),
+    };
+    let pids = servers.pids();
+    let mut clients = Vec::new();
+    let phase = timed(&servers, &pids, "connect", async {
+        let (secs, errors, first) = connect_all(&servers, n, load, &mut clients).await;
+        (secs, errors, first)
+    })
+    .await;
+    let failed = phase.errors > 0;
+    row.phases.push(phase);
+    if failed {
+        row.outcome = "connect failed".into();
+        return Ok(row);
+    }
+    for name in ["init", "rendezvous", "nccl-id", "barrier", "steady"] {
+        let t = load.phase_timeout;
+        let fut = run_phase(name, &mut clients, agents, load, t);
+        let phase = timed(&servers, &pids, name, fut).await;
+        let failed = phase.errors > 0;
+        if failed {
+            row.outcome = format!(
+                "{name}: {} errors, first: {}",
+                phase.errors,
+                phase.first_error.clone().unwrap_or_default()
+            );
+        }
+        row.phases.push(phase);
+        if failed {
+            break;
+        }
+    }
+    Ok(row)
+}
+
+/// Runs `fut` (a phase) measuring the servers around it.
+async fn timed(
+    servers: &Servers,
+    pids: &[Option<u32>],
+    name: &str,
+    fut: impl std::future::Future<Output = (f64, u64, Option<String>)>,
+) -> PhaseRow {
+    let cpu0: Vec<f64> = pids.iter().map(|p| p.map_or(0.0, cpu_seconds)).collect();
+    let log0 = servers.log_index().await;
+    let (seconds, errors, first_error) = fut.await;
+    let log1 = servers.log_index().await;
+    let roles = servers.roles().await;
+    let servers = pids
+        .iter()
+        .zip(cpu0)
+        .zip(roles)
+        .map(|((p, c0), role)| ServerUse {
+            role,
+            cpu_s: p.map_or(0.0, cpu_seconds) - c0,
+            rss_mib: p.and_then(|p| rss(p).ok()).unwrap_or(0) as f64 / (1024.0 * 1024.0),
+        })
+        .collect();
+    eprintln!("torch:   {name}: {seconds:.2} s, {errors} errors");
+    PhaseRow {
+        phase: name.into(),
+        seconds,
+        servers,
+        errors,
+        first_error,
+        log_entries: log0.zip(log1).map(|(a, b)| b.saturating_sub(a)),
+    }
+}
+
+/// Connects N clients, spread over the servers, `connect_parallel` at once.
+async fn connect_all(
+    servers: &Servers,
+    n: usize,
+    load: &Load,
+    clients: &mut Vec<StoreClient>,
+) -> (f64, u64, Option<String>) {
+    let t0 = Instant::now();
+    let gate = Arc::new(Semaphore::new(load.connect_parallel.max(1)));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (addr, _) = servers.addrs[i % servers.addrs.len()];
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let _permit = gate.acquire().await.expect("open");
+                StoreClient::connect_from(addr, source(i), i as u32).await
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(c)) => clients.push(c),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    (
+        t0.elapsed().as_secs_f64(),
+        errors.len() as u64,
+        errors.into_iter().next(),
+    )
+}
+
+/// One phase after connect.
+async fn run_phase(
+    name: &str,
+    clients: &mut [StoreClient],
+    agents: usize,
+    load: &Load,
+    t: Duration,
+) -> (f64, u64, Option<String>) {
+    let n = clients.len();
+    match name {
+        "init" => {
+            all_ranks(clients, t, |_, c| {
+                Box::pin(async move { c.add("init/", 1).await.map(|_| ()).map_err(io) })
+            })
+            .await
+        }
+        "rendezvous" => {
+            let every = (n / agents).max(1);
+            all_ranks(clients, t, move |i, c| {
+                Box::pin(async move {
+                    if i % every != 0 {
+                        return Ok(());
+                    }
+                    join(c, i / every).await
+                })
+            })
+            .await
+        }
+        "nccl-id" => nccl_id(clients, t).await,
+        "barrier" => {
+            all_ranks(clients, t, move |_, c| {
+                Box::pin(async move { c.barrier("/bench/barrier", n as i64).await.map_err(io) })
+            })
+            .await
+        }
+        _ => {
+            let steady = load.steady;
+            all_ranks(clients, steady + t, move |i, c| {
+                Box::pin(poll_dump_flag(c, i, n, steady))
+            })
+            .await
+        }
+    }
+}
+
+/// One agent's join: compare-and-set on the rendezvous key, retrying with
+/// what the last attempt answered, until its own value lands.
+async fn join(c: &mut StoreClient, agent: usize) -> RankResult {
+    const KEY: &str = "/torch.rendezvous.bench";
+    let mut expected = Bytes::new();
+    loop {
+        let count = std::str::from_utf8(&expected)
+            .ok()
+            .and_then(|s| s.split(':').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let desired = format!("{}:agent-{agent}", count + 1);
+        let got = c
+            .compare_set(KEY, &expected, desired.as_bytes())
+            .await
+            .map_err(io)?;
+        if got.as_ref() == desired.as_bytes() {
+            return Ok(());
+        }
+        expected = got;
+    }
+}
+
+/// Ranks 1..N WAIT for the id, rank 0 SETs it once every WAIT is sent,
+/// every rank GETs it once released.
+async fn nccl_id(clients: &mut [StoreClient], t: Duration) -> (f64, u64, Option<String>) {
+    const KEY: &str = "/bench/nccl-id";
+    let t0 = Instant::now();
+    let (first, rest) = clients.split_first_mut().expect("ranks");
+    let wait = Op::Wait {
+        keys: vec![KEY.into()],
+    };
+    let mut errors = Vec::new();
+    for c in rest.iter_mut() {
+        if let Err(e) = c.send(&wait).await {
+            errors.push(e.to_string());
+        }
+    }
+    if let Err(e) = first.set(KEY, &[7u8; 128]).await {
+        errors.push(e.to_string());
+    }
+    let (_, more, first_error) = all_ranks(rest, t, |_, c| {
+        Box::pin(async move {
+            match c.u8().await.map_err(io)? {
+                STOP_WAITING => {}
+                b => return Err(format!("WAIT answered {b}")),
+            }
+            let id = c.get(KEY).await.map_err(io)?;
+            (id.len() == 128).then_some(()).ok_or("a short id".into())
+        })
+    })
+    .await;
+    let total = errors.len() as u64 + more;
+    (
+        t0.elapsed().as_secs_f64(),
+        total,
+        errors.into_iter().next().or(first_error),
+    )
+}
+
+/// CHECK of the rank's dump flag once a second for `steady`, rank `i` of
+/// `n` at its own offset in each second.
+async fn poll_dump_flag(c: &mut StoreClient, i: usize, n: usize, steady: Duration) -> RankResult {
+    let key = format!("/bench/dump/{i}");
+    let start = tokio::time::Instant::now() + Duration::from_secs_f64(i as f64 / n as f64);
+    let rounds = steady.as_secs().max(1);
+    for r in 0..rounds {
+        tokio::time::sleep_until(start + Duration::from_secs(r)).await;
+        if c.check(&[key.as_str()]).await.map_err(io)? {
+            return Err("the dump flag is set".into());
+        }
+    }
+    Ok(())
+}
+
+/// The SET → WAIT+GET hand-off: a setter on one server (the leader), a
+/// getter on a follower, 200 times.
+async fn handoff(peer: Peer) -> anyhow::Result<Handoff> {
+    let servers = Servers::start(peer, 2).await?;
+    let f = servers.follower().await;
+    let leader = servers.addrs[(f + 1) % servers.addrs.len()].0;
+    let follower = servers.addrs[f].0;
+    let from = source(0);
+    let mut setter = StoreClient::connect_from(leader, from, 1).await?;
+    let mut getter = StoreClient::connect_from(follower, from, 2).await?;
+    let mut ms = Vec::new();
+    for i in 0..200 {
+        let key = format!("/handoff/{i}");
+        getter
+            .send(&Op::Wait {
+                keys: vec![key.clone()],
+            })
+            .await?;
+        let t0 = Instant::now();
+        setter.set(&key, b"id").await?;
+        anyhow::ensure!(getter.u8().await? == STOP_WAITING, "WAIT answered");
+        let v = getter.get(&key).await?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(v.as_ref() == b"id", "GET answered {v:?}");
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(Handoff {
+        peer: peer.name(),
+        p50_ms: ms[ms.len() / 2],
+        p99_ms: ms[ms.len() * 99 / 100],
+    })
+}
+
+/// The markdown tables.
+pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
+    let mut md = String::from(
+        "| peer | ranks | agents | phase | s | server CPU s | server RSS MiB | Raft entries | errors |\n\
+         |---|---:|---:|---|---:|---|---|---:|---:|\n",
+    );
+    for r in rows {
+        if r.phases.is_empty() {
+            md.push_str(&format!(
+                "| {} | {} | {} | — | — | — | — | — | {} |\n",
+                r.peer, r.ranks, r.agents, r.outcome
+            ));
+        }
+        for p in &r.phases {
+            let cpu: Vec<String> = p
+                .servers
+                .iter()
+                .map(|s| format!("{:.2}", s.cpu_s))
+                .collect();
+            let mem: Vec<String> = p
+                .servers
+                .iter()
+                .map(|s| format!("{:.0}", s.rss_mib))
+                .collect();
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |\n",
+                r.peer,
+                r.ranks,
+                r.agents,
+                p.phase,
+                p.seconds,
+                cpu.join(" / "),
+                mem.join(" / "),
+                p.log_entries.map_or("—".into(), |e| e.to_string()),
+                p.errors
+            ));
+        }
+    }
+    md.push_str("\n| peer | start-up s (init..barrier) | steady: CPU % per server | steady: Raft entries/s |\n|---|---:|---|---:|\n");
+    for r in rows {
+        let startup: f64 = r
+            .phases
+            .iter()
+            .filter(|p| ["init", "rendezvous", "nccl-id", "barrier"].contains(&p.phase.as_str()))
+            .map(|p| p.seconds)
+            .sum();
+        let steady = r.phases.iter().find(|p| p.phase == "steady");
+        let (cpu, entries) = steady.map_or(("—".into(), "—".into()), |p| {
+            let cpu: Vec<String> = p
+                .servers
+                .iter()
+                .map(|s| format!("{:.1}", 100.0 * s.cpu_s / p.seconds))
+                .collect();
+            let e = p
+                .log_entries
+                .map_or("—".into(), |e| format!("{:.2}", e as f64 / p.seconds));
+            (cpu.join(" / "), e)
+        });
+        md.push_str(&format!(
+            "| {} {} | {startup:.2} | {cpu} | {entries} |\n",
+            r.peer, r.ranks
+        ));
+    }
+    md.push_str("\n| peer | SET→WAIT+GET p50 ms | p99 ms |\n|---|---:|---:|\n");
+    for h in handoffs {
+        md.push_str(&format!(
+            "| {} | {:.3} | {:.3} |\n",
+            h.peer, h.p50_ms, h.p99_ms
+        ));
+    }
+    md
+}
