@@ -110,6 +110,31 @@ fn batch_len<'a>(payloads: impl Iterator<Item = &'a Bytes>) -> usize {
     n.max(1)
 }
 
+/// Where a queue lives: the cluster's nodes (HOST:PORT), the namespace
+/// (`None`: the default one), and the TLS to dial them with (`None`:
+/// plaintext).
+#[derive(Clone, Copy)]
+pub struct Nodes<'a> {
+    /// Every node.
+    pub addrs: &'a [String],
+    /// The queue's namespace.
+    pub namespace: Option<&'a str>,
+    /// The client TLS (the nodes' CA, this client's certificate).
+    pub tls: &'a Option<tonic::transport::ClientTlsConfig>,
+}
+
+impl<'a> Nodes<'a> {
+    /// `addrs` in the default namespace, in plaintext.
+    pub fn plain(addrs: &'a [String], namespace: Option<&'a str>) -> Nodes<'a> {
+        const PLAIN: Option<tonic::transport::ClientTlsConfig> = None;
+        Nodes {
+            addrs,
+            namespace,
+            tls: &PLAIN,
+        }
+    }
+}
+
 /// One queue on a cluster.
 #[derive(Clone)]
 struct Queue {
@@ -118,9 +143,9 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(nodes: &[String], namespace: Option<&str>, name: &str) -> Result<Queue, Status> {
-        let endpoints = Endpoints::new(nodes, RETRY_FOR)
-            .and_then(|e| e.in_namespace(namespace))
+    fn new(nodes: &Nodes<'_>, name: &str) -> Result<Queue, Status> {
+        let endpoints = Endpoints::with_tls(nodes.addrs, RETRY_FOR, nodes.tls.clone())
+            .and_then(|e| e.in_namespace(nodes.namespace))
             .map_err(Status::invalid_argument)?;
         Ok(Queue {
             endpoints,
@@ -198,7 +223,17 @@ impl Coordinator {
         config: Option<QueueConfig>,
         tag: &str,
     ) -> Result<Coordinator, Error> {
-        let q = Queue::new(nodes, namespace, queue)?;
+        Self::create_at(&Nodes::plain(nodes, namespace), queue, config, tag).await
+    }
+
+    /// [`Coordinator::create`] at `nodes` (namespace, TLS).
+    pub async fn create_at(
+        nodes: &Nodes<'_>,
+        queue: &str,
+        config: Option<QueueConfig>,
+        tag: &str,
+    ) -> Result<Coordinator, Error> {
+        let q = Queue::new(nodes, queue)?;
         q.endpoints
             .call(
                 CreateQueueRequest {
@@ -518,8 +553,13 @@ impl Worker {
         queue: &str,
         name: &str,
     ) -> Result<Worker, Status> {
+        Self::at(&Nodes::plain(nodes, namespace), queue, name)
+    }
+
+    /// [`Worker::new`] at `nodes` (namespace, TLS).
+    pub fn at(nodes: &Nodes<'_>, queue: &str, name: &str) -> Result<Worker, Status> {
         Ok(Worker {
-            q: Queue::new(nodes, namespace, queue)?,
+            q: Queue::new(nodes, queue)?,
             name: name.to_string(),
         })
     }

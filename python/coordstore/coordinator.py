@@ -92,6 +92,9 @@ class ClusterCoordinator:
         max_payload_bytes: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
         namespace: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
         _native_coordinator: Optional[_native.Coordinator] = None,
     ) -> None:
         self.endpoints = list(endpoints)
@@ -107,6 +110,9 @@ class ClusterCoordinator:
             max_payload_bytes=max_payload_bytes,
             max_result_bytes=max_result_bytes,
             namespace=namespace,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
 
     @classmethod
@@ -116,11 +122,15 @@ class ClusterCoordinator:
         queue: str,
         tag: str = "coordinator",
         namespace: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
     ) -> "ClusterCoordinator":
         """Takes over queue ``queue`` from a coordinator that died: use the
         same ``tag`` and :meth:`scheduled` finds what it scheduled."""
-        native = _native.Coordinator.create(list(endpoints), queue, tag, namespace=namespace)
-        return cls(endpoints, queue, tag=tag, namespace=namespace, _native_coordinator=native)
+        tls = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
+        native = _native.Coordinator.create(list(endpoints), queue, tag, namespace=namespace, **tls)
+        return cls(endpoints, queue, tag=tag, namespace=namespace, _native_coordinator=native, **tls)
 
     def schedule(
         self,

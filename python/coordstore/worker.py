@@ -70,6 +70,9 @@ def run(
     prefetch: int = 1,
     stop: Optional[threading.Event] = None,
     namespace: Optional[str] = None,
+    tls_ca: Optional[str] = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
 ) -> None:
     """Runs closures of ``queue`` (in ``namespace``; ``None``: the default
     one) until ``stop`` is set (or forever)."""
@@ -78,7 +81,9 @@ def run(
     import cloudpickle
 
     name = name or f"{socket.gethostname()}-{os.getpid()}"
-    worker = _native.Worker(list(endpoints), queue, name, namespace=namespace)
+    worker = _native.Worker(
+        list(endpoints), queue, name, namespace=namespace, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    )
     waiting_for_queue = False
     while stop is None or not stop.is_set():
         try:
@@ -120,8 +125,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--name", help="this worker's name (default: HOST-PID)")
     p.add_argument("--prefetch", type=int, default=1, help="closures taken per get (default 1)")
     p.add_argument("--namespace", help="the queue's namespace (default: the default one)")
+    p.add_argument("--tls-ca", help="PEM CA of the nodes' certificates: dial them over TLS")
+    p.add_argument("--tls-cert", help="PEM certificate to present (nodes with --tls-client-ca)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     a = p.parse_args(argv)
-    run(a.endpoints.split(","), a.queue, a.name, a.prefetch, namespace=a.namespace)
+    run(
+        a.endpoints.split(","), a.queue, a.name, a.prefetch, namespace=a.namespace,
+        tls_ca=a.tls_ca, tls_cert=a.tls_cert, tls_key=a.tls_key,
+    )
 
 
 if __name__ == "__main__":

@@ -455,7 +455,7 @@ impl Coordinator {
     /// Creates queue `queue` (or checks an existing one has this config;
     /// with no limit given, attaches to it as it is).
     #[staticmethod]
-    #[pyo3(signature = (endpoints, queue, tag, *, lease_s = None, max_queued = None, max_closures = None, max_payload_bytes = None, max_result_bytes = None, namespace = None))]
+    #[pyo3(signature = (endpoints, queue, tag, *, lease_s = None, max_queued = None, max_closures = None, max_payload_bytes = None, max_result_bytes = None, namespace = None, tls_ca = None, tls_cert = None, tls_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -468,7 +468,11 @@ impl Coordinator {
         max_payload_bytes: Option<u64>,
         max_result_bytes: Option<u64>,
         namespace: Option<String>,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
     ) -> PyResult<Coordinator> {
+        let tls = tls(tls_ca, tls_cert, tls_key)?;
         let given = lease_s.is_some()
             || max_queued.is_some()
             || max_closures.is_some()
@@ -481,11 +485,13 @@ impl Coordinator {
             max_result_bytes: max_result_bytes.unwrap_or(0),
             lease_ms: lease_s.map_or(0, |s| (s * 1000.0) as u64),
         });
-        let inner = wait(
-            py,
-            cl::Coordinator::create_in(&endpoints, namespace.as_deref(), &queue, config, &tag),
-        )?
-        .map_err(closure_err)?;
+        let nodes = cl::Nodes {
+            addrs: &endpoints,
+            namespace: namespace.as_deref(),
+            tls: &tls,
+        };
+        let inner = wait(py, cl::Coordinator::create_at(&nodes, &queue, config, &tag))?
+            .map_err(closure_err)?;
         Ok(Coordinator { inner })
     }
 
@@ -569,16 +575,24 @@ type Leased = (u64, Py<PyBytes>, u32, String);
 #[pymethods]
 impl Worker {
     #[new]
-    #[pyo3(signature = (endpoints, queue, name, *, namespace = None))]
+    #[pyo3(signature = (endpoints, queue, name, *, namespace = None, tls_ca = None, tls_cert = None, tls_key = None))]
     fn new(
         endpoints: Vec<String>,
         queue: &str,
         name: &str,
         namespace: Option<String>,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
     ) -> PyResult<Worker> {
+        let tls = tls(tls_ca, tls_cert, tls_key)?;
         let _rt = runtime().enter();
-        let inner =
-            cl::Worker::new_in(&endpoints, namespace.as_deref(), queue, name).map_err(err)?;
+        let nodes = cl::Nodes {
+            addrs: &endpoints,
+            namespace: namespace.as_deref(),
+            tls: &tls,
+        };
+        let inner = cl::Worker::at(&nodes, queue, name).map_err(err)?;
         Ok(Worker { inner })
     }
 

@@ -184,6 +184,38 @@ def test_agents_and_preemption_sync_over_mutual_tls(node):
         m.shutdown()
 
 
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_the_cluster_coordinator_and_its_workers_over_mutual_tls(node):
+    from coordstore import worker
+
+    tls = {k: str(v) for k, v in node.tls(node.job).items()}
+    coord = coordstore.ClusterCoordinator([node.addr], "tls-queue", lease=5.0, **tls)
+    stop = threading.Event()
+    w = threading.Thread(
+        target=worker.run,
+        args=([node.addr], "tls-queue", "tls-worker", 1, stop),
+        kwargs=tls,
+        daemon=True,
+    )
+    w.start()
+    try:
+        values = [coord.schedule(_square, (i,)) for i in range(5)]
+        coord.join()
+        assert [v.fetch() for v in values] == [0, 1, 4, 9, 16]
+        # A coordinator that takes the queue over dials with TLS as well.
+        again = coordstore.ClusterCoordinator.attach([node.addr], "tls-queue", **tls)
+        assert again.done()
+    finally:
+        stop.set()
+        w.join(30)
+    # Without a certificate nothing is reached.
+    with pytest.raises(errors.CoordstoreError):
+        coordstore.ClusterCoordinator([node.addr], "tls-queue", tls_ca=str(node.pki.servers))
+
+
 def test_a_client_without_the_right_certificate_gets_nothing(node):
     def connect(**tls) -> None:
         coordstore.Agent([node.addr], "jax_worker", 0, retry_for=1.0, **tls).connect()
