@@ -416,7 +416,15 @@ fn two_torch_jobs_in_two_namespaces_never_meet() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["torch"]["keys"], 2, "{out}");
     let (ok, out, err) = rt.block_on(coordstore_tests::coordstore_cli(&[
-        "ctl", "--endpoint", addr, "--namespace", "job-b", "kv", "ls", "--torch", "/rank0",
+        "ctl",
+        "--endpoint",
+        addr,
+        "--namespace",
+        "job-b",
+        "kv",
+        "ls",
+        "--torch",
+        "/rank0",
     ]));
     assert!(ok, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
