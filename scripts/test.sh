@@ -12,6 +12,7 @@ scripts/setup-jax.sh >/dev/null
 scripts/setup-tf.sh >/dev/null
 scripts/setup-torch.sh >/dev/null
 scripts/setup-prometheus.sh >/dev/null
+scripts/setup-chromium.sh >/dev/null
 # The build before namespaces, for the rolling-upgrade tests: built once
 # (sharing this checkout's dependencies) and cached under target/prev-build.
 scripts/setup-prev-build.sh >/dev/null
@@ -23,6 +24,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --lib --bins -- -D warnings -W clippy::too_many_lines
 # No module cycles in any crate (the script names the cycle and fails).
 python3 scripts/module-cycles.py
+deploy/monitoring/check.sh
 # The multi-process tests start the coordstore binary (target/debug/coordstore);
 # `cargo test` alone builds only its test harness.
 cargo build -p coordstore-service --bin coordstore

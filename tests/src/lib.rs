@@ -4,7 +4,9 @@
 //! on free 127.0.0.1 ports, kills them (also when the test panics, and via
 //! `PR_SET_PDEATHSIG` if the test process itself dies) and talks to them.
 
+pub mod browser;
 pub mod jaxsim;
+pub mod job;
 pub mod lazyfs;
 pub mod ns;
 pub mod pki;

@@ -435,3 +435,215 @@ async fn a_clean_start_logs_no_warning() {
         }
     }
 }
+
+/// `coordstore ctl ARGS...` against `endpoint`: its stdout, or a panic
+/// with its stderr.
+async fn ctl_ok(endpoint: &str, args: &[&str]) -> String {
+    let mut all = vec!["ctl", "--endpoint", endpoint];
+    all.extend_from_slice(args);
+    let (ok, out, err) = coordstore_tests::coordstore_cli(&all).await;
+    assert!(ok, "ctl {args:?}: {err}");
+    out
+}
+
+/// `ctl ARGS...` as JSON.
+async fn ctl_json(endpoint: &str, args: &[&str]) -> serde_json::Value {
+    let out = ctl_ok(endpoint, args).await;
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("ctl {args:?}: {e}: {out}"))
+}
+
+/// `ctl ARGS...` that must fail: its stderr.
+async fn ctl_err(endpoint: &str, args: &[&str]) -> String {
+    let mut all = vec!["ctl", "--endpoint", endpoint];
+    all.extend_from_slice(args);
+    let (ok, out, err) = coordstore_tests::coordstore_cli(&all).await;
+    assert!(!ok, "ctl {args:?} succeeded: {out}");
+    err
+}
+
+/// Why a job is stuck, from the CLI of a follower: `ctl barriers` names the
+/// task a barrier waits for, with its state and last heartbeat (which only
+/// the leader knows); `ctl tasks --state`, `ctl ns get`, `-o table` on the
+/// listing verbs, NOT_FOUND for what does not exist; and the metrics of the
+/// oldest barrier's wait, the quotas and readiness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_says_why_a_barrier_waits() {
+    use coordstore_tests::{job::XlaJob, ns};
+    let http = metrics_ports(3);
+    let h = http.clone();
+    let cluster = Cluster::start_each(3, &[], move |i| {
+        vec!["--metrics-listen".into(), h[i].clone()]
+    });
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
+        .await;
+    let f = (leader + 1) % 3;
+    let addr = cluster.nodes[f].addr.clone();
+    let settings = proto::coordstore::NamespaceSettings {
+        tasks: 4,
+        recoverable: true,
+        max_keys: Some(10),
+        heartbeat_timeout_ms: Some(3_600_000),
+        ..Default::default()
+    };
+    ns::create(&addr, "stuck", settings).await.unwrap();
+    let job = XlaJob::register(&addr, "stuck", 4).await;
+    job.report_error(2, "oom on host 2").await;
+    let _parked = job.arrive("sync", [0, 1], &[0, 1, 3], Duration::from_secs(3600));
+    let b = eventually("two arrivals, timed", Duration::from_secs(30), || async {
+        let v = ctl_json(&addr, &["--namespace", "stuck", "barriers"]).await;
+        let sync = v.as_array().unwrap().iter().find(|b| b["id"] == "sync");
+        // The leader notes a new barrier at its next look (100 ms).
+        let arrived = sync.and_then(|b| b["arrived_count"].as_u64());
+        let timed = sync.is_some_and(|b| b["waited_ms"].is_u64());
+        holds(arrived == Some(2) && timed, || v.clone())?;
+        Ok::<_, serde_json::Value>(sync.unwrap().clone())
+    })
+    .await;
+    let sync = &b;
+    assert_eq!(sync["status"], "PENDING", "{b}");
+    assert_eq!(sync["participant_count"], 3, "{b}");
+    assert_eq!(sync["missing_count"], 1, "{b}");
+    let missing = &sync["missing"][0];
+    assert_eq!(
+        (&missing["job"], &missing["task_id"]),
+        (&"jax_worker".into(), &3.into())
+    );
+    assert_eq!(missing["state"], "CONNECTED", "{b}");
+    assert!(
+        missing["heartbeat_age_ms"].is_u64(),
+        "the leader's age: {b}"
+    );
+    assert!(sync["waited_ms"].is_u64(), "{b}");
+    let table = ctl_ok(&addr, &["--namespace", "stuck", "barriers", "-o", "table"]).await;
+    for want in [
+        "sync",
+        "PENDING",
+        "2/3",
+        "jax_worker/3",
+        "CONNECTED",
+        " ago",
+    ] {
+        assert!(table.contains(want), "{want:?} in\n{table}");
+    }
+    let one = ctl_json(&addr, &["--namespace", "stuck", "barriers", "sync"]).await;
+    assert_eq!(one.as_array().map(Vec::len), Some(1), "{one}");
+    let err = ctl_err(&addr, &["--namespace", "stuck", "barriers", "nope"]).await;
+    assert!(
+        err.contains("NOT_FOUND: namespace stuck has no barrier nope"),
+        "{err}"
+    );
+
+    // Tasks by state, and one by name.
+    let errors = ctl_json(
+        &addr,
+        &["--namespace", "stuck", "tasks", "--state", "error"],
+    )
+    .await;
+    assert_eq!(errors.as_array().map(Vec::len), Some(1), "{errors}");
+    assert_eq!(errors[0]["task_id"], 2, "{errors}");
+    assert!(
+        errors[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("oom on host 2"),
+        "{errors}"
+    );
+    let args = [
+        "--namespace",
+        "stuck",
+        "tasks",
+        "--state",
+        "connected",
+        "-o",
+        "table",
+    ];
+    let connected = ctl_ok(&addr, &args).await;
+    assert_eq!(
+        connected.lines().count(),
+        4,
+        "a header and 3 tasks:\n{connected}"
+    );
+    assert!(
+        connected.contains("jax_worker/3") && connected.contains(" ago"),
+        "{connected}"
+    );
+    let three = ctl_json(&addr, &["--namespace", "stuck", "tasks", "3"]).await;
+    assert_eq!(three[0]["task_id"], 3, "{three}");
+    let err = ctl_err(&addr, &["--namespace", "stuck", "tasks", "jax_worker/9"]).await;
+    assert!(
+        err.contains("NOT_FOUND: namespace stuck has no task jax_worker/9"),
+        "{err}"
+    );
+
+    // The namespace's own view.
+    let got = ctl_json(&addr, &["ns", "get", "stuck"]).await;
+    assert_eq!(
+        got["pending_barriers"][0]["missing"][0]["task_id"], 3,
+        "{got}"
+    );
+    let got = ctl_ok(&addr, &["ns", "get", "stuck", "-o", "table"]).await;
+    assert!(
+        got.contains("1 in error") && got.contains("jax_worker/3"),
+        "{got}"
+    );
+    let err = ctl_err(&addr, &["ns", "get", "nope"]).await;
+    assert!(err.contains("NOT_FOUND"), "{err}");
+    let all = ctl_json(&addr, &["ns", "ls"]).await;
+    let stuck = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "stuck");
+    assert!(stuck.unwrap()["oldest_barrier_ms"].is_u64(), "{all}");
+    let all = ctl_ok(&addr, &["ns", "ls", "-o", "table"]).await;
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("stuck ") && l.contains("0/10")),
+        "{all}"
+    );
+    let status = ctl_ok(&addr, &["status", "-o", "table"]).await;
+    assert_eq!(
+        status.matches("leader").count(),
+        2,
+        "the leader line and member:\n{status}"
+    );
+
+    // A user's control characters stay inert in a table.
+    let key = [
+        "--namespace",
+        "stuck",
+        "kv",
+        "put",
+        "k",
+        "red\u{1b}[31mtext",
+    ];
+    ctl_ok(&addr, &key).await;
+    let keys = ctl_ok(&addr, &["--namespace", "stuck", "kv", "ls", "-o", "table"]).await;
+    assert!(
+        !keys.contains('\u{1b}') && keys.contains("red\\u{1b}[31mtext"),
+        "{keys}"
+    );
+    let jobs = ctl_ok(
+        &addr,
+        &["--namespace", "stuck", "tfdata", "jobs", "-o", "table"],
+    )
+    .await;
+    assert!(jobs.starts_with("JOB"), "{jobs}");
+
+    // The leader's metrics: the barrier's wait, the quota, readiness.
+    let text = wait_http(&http[leader], "/metrics", 200, Duration::from_secs(10));
+    let waited = sample(
+        &text,
+        r#"coordstore_namespace_oldest_barrier_seconds{namespace="stuck"}"#,
+    );
+    assert!(waited.is_some_and(|s| s >= 0.0), "{text}");
+    let quota = sample(&text, r#"coordstore_namespace_max_keys{namespace="stuck"}"#);
+    assert_eq!(quota, Some(10.0), "{text}");
+    assert_eq!(sample(&text, "coordstore_ready"), Some(1.0), "{text}");
+    let errors = sample(
+        &text,
+        r#"coordstore_namespace_tasks{namespace="stuck",state="error"}"#,
+    );
+    assert_eq!(errors, Some(1.0), "{text}");
+}

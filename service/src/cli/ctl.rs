@@ -1,37 +1,91 @@
 //! `coordstore ctl`: the operator CLI. Every verb talks to one node's `Node`
 //! API (reads are linearizable; writes go through the leader) and prints JSON
-//! or plain values on stdout.
+//! or plain values on stdout; a listing verb prints aligned columns with
+//! `-o table` ([`table`], [`show`]).
+
+mod show;
+pub mod table;
 
 use journal::pb::{
     coordination::{KvDelete, KvInsert},
     update::Command,
     ResetJobEpoch,
 };
-use journal::{coordination::TaskStatus, State, Update};
+use journal::{State, Update};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
-use proto::coordstore::{KvGetRequest, KvListRequest, ProposeRequest, StateRequest, StatusRequest};
+use proto::coordstore::{
+    BarrierWaitsRequest, BarriersRequest, KvGetRequest, KvListRequest, PendingBarrier,
+    ProposeRequest, StateRequest, StatusRequest, TaskHealth, TasksRequest,
+};
 use serde_json::{json, Value};
 use tonic::transport::Channel;
+
+/// How a listing verb prints.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON value with every field (for scripts).
+    #[default]
+    Json,
+    /// Aligned columns, the few a person scans.
+    Table,
+}
+
+/// The `-o` of a listing verb.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct Output {
+    /// json (every field, for scripts) or table (aligned columns)
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value_t,
+        global = true
+    )]
+    pub output: Format,
+}
 
 /// An operator command.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum CtlCommand {
     /// Node status as one JSON object.
-    Status,
+    Status {
+        #[command(flatten)]
+        out: Output,
+    },
     /// Key-value store verbs.
     #[command(subcommand)]
     Kv(KvCommand),
-    /// Every task with its state, incarnation and error (JSON).
-    Tasks,
-    /// Every barrier with its newest instance (JSON).
-    Barriers,
+    /// Every task with its state, incarnation, error and the age of its
+    /// last heartbeat (the leader's).
+    Tasks {
+        /// One task: JOB/ID, or ID in a namespace of one job
+        task: Option<String>,
+        /// Only the tasks in this state
+        #[arg(long, value_parser = ["connected", "disconnected", "error"])]
+        state: Option<String>,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Every barrier with its newest instance; a pending one with how long
+    /// it has waited and the tasks it waits for (the first 20, each with
+    /// its state and last heartbeat).
+    Barriers {
+        /// One barrier, pending or not
+        id: Option<String>,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Cluster membership.
     #[command(subcommand)]
     Member(MemberCommand),
     /// The tf.data dispatcher's state (JSON).
-    #[command(subcommand)]
-    Tfdata(TfDataCommand),
+    Tfdata {
+        #[command(subcommand)]
+        what: TfDataCommand,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Start a new job epoch: clear tasks, barriers, errors and KV and draw a
     /// new service incarnation (optionally with a new task layout).
     ResetJob {
@@ -57,12 +111,19 @@ pub enum NsCommand {
         #[command(flatten)]
         settings: Box<NsSettings>,
     },
-    /// Every namespace.
-    Ls,
-    /// One namespace: its settings, port, tasks by state, barriers
-    /// pending, keys, bytes, parked calls, tf.data jobs and workers,
-    /// closure queues.
-    Get { name: String },
+    /// Every namespace (with its oldest pending barrier's wait).
+    Ls {
+        #[command(flatten)]
+        out: Output,
+    },
+    /// One namespace: its settings, port, tasks by state, the pending
+    /// barriers with the tasks they wait for, keys, bytes, parked calls,
+    /// tf.data jobs and workers, closure queues.
+    Get {
+        name: String,
+        #[command(flatten)]
+        out: Output,
+    },
     /// A new job epoch in the namespace (clears tasks, barriers, errors and
     /// KV; a new service incarnation).
     Reset {
@@ -347,6 +408,8 @@ pub enum KvCommand {
         /// The PyTorch store's keys (TCPStore) starting with PREFIX instead
         #[arg(long)]
         torch: bool,
+        #[command(flatten)]
+        out: Output,
     },
     /// Delete a key and everything under it.
     Delete { key: String },
@@ -424,10 +487,64 @@ fn namespace<'a>(
 }
 
 /// A namespace verb.
-async fn ns_command(c: &mut NodeClient<Channel>, cmd: NsCommand) -> anyhow::Result<Value> {
+async fn ns_command(c: &mut NodeClient<Channel>, cmd: NsCommand) -> anyhow::Result<Printed> {
+    match cmd {
+        NsCommand::Ls { out } => Ok(shown(ns_list(c).await?, out, show::namespaces)),
+        NsCommand::Get { name, out } => Ok(shown(ns_get(c, name).await?, out, show::namespace)),
+        change => Ok(Printed::Json(ns_change(c, change).await?)),
+    }
+}
+
+/// `ctl ns ls`: every namespace, each with its oldest pending barrier's
+/// wait as the leader knows it (`oldest_barrier_ms`, null if none).
+async fn ns_list(c: &mut NodeClient<Channel>) -> anyhow::Result<Value> {
+    use proto::coordstore::ListNamespacesRequest;
+    let all = c.list_namespaces(ListNamespacesRequest {}).await?;
+    let waits = match c.barrier_waits(BarrierWaitsRequest {}).await {
+        Ok(w) => w.into_inner().namespaces,
+        Err(_) => Vec::new(),
+    };
+    Ok(json!(all
+        .into_inner()
+        .namespaces
+        .iter()
+        .map(|n| {
+            let mut v = namespace_json(n);
+            let wait = waits.iter().find(|w| w.namespace == n.name);
+            v["oldest_barrier_ms"] = json!(wait.map(|w| w.waited_ms));
+            v["oldest_barrier_at_least"] = json!(wait.is_some_and(|w| w.waited_at_least));
+            v
+        })
+        .collect::<Vec<_>>()))
+}
+
+/// `ctl ns get NAME`: the namespace, with its pending barriers and the
+/// tasks they wait for (`pending_barriers`; `pending_barriers_error` if
+/// the node could not say).
+async fn ns_get(c: &mut NodeClient<Channel>, name: String) -> anyhow::Result<Value> {
+    use proto::coordstore::NamespaceRequest;
+    let info = c
+        .get_namespace(NamespaceRequest { name: name.clone() })
+        .await?
+        .into_inner();
+    let mut v = namespace_json(&info);
+    let asked = c
+        .barriers(in_ns(&Some(name), BarriersRequest::default())?)
+        .await;
+    match asked {
+        Ok(b) => {
+            let pending = b.into_inner().barriers.iter().map(pending_json).collect();
+            v["pending_barriers"] = Value::Array(pending);
+        }
+        Err(e) => v["pending_barriers_error"] = json!(describe_error(&e.into())),
+    }
+    Ok(v)
+}
+
+/// A namespace verb that changes something (or exports it).
+async fn ns_change(c: &mut NodeClient<Channel>, cmd: NsCommand) -> anyhow::Result<Value> {
     use proto::coordstore::{
-        CreateNamespaceRequest, ImportNamespaceRequest, ListNamespacesRequest, NamespaceRequest,
-        ResetNamespaceRequest,
+        CreateNamespaceRequest, ImportNamespaceRequest, NamespaceRequest, ResetNamespaceRequest,
     };
     let one = |n: proto::coordstore::NamespaceInfo| namespace_json(&n);
     Ok(match cmd {
@@ -436,19 +553,8 @@ async fn ns_command(c: &mut NodeClient<Channel>, cmd: NsCommand) -> anyhow::Resu
             let req = CreateNamespaceRequest { name, settings };
             one(c.create_namespace(req).await?.into_inner())
         }
-        NsCommand::Ls => {
-            let all = c.list_namespaces(ListNamespacesRequest {}).await?;
-            json!(all
-                .into_inner()
-                .namespaces
-                .iter()
-                .map(namespace_json)
-                .collect::<Vec<_>>())
-        }
-        NsCommand::Get { name } => one(c
-            .get_namespace(NamespaceRequest { name })
-            .await?
-            .into_inner()),
+        NsCommand::Ls { .. } => ns_list(c).await?,
+        NsCommand::Get { name, .. } => ns_get(c, name).await?,
         NsCommand::Reset { name, tasks } => {
             let req = ResetNamespaceRequest {
                 name,
@@ -537,6 +643,14 @@ enum Printed {
     Text(String),
 }
 
+/// `v` as `out` asks: the JSON, or `table` of it.
+fn shown(v: Value, out: Output, table: impl FnOnce(&Value) -> String) -> Printed {
+    match out.output {
+        Format::Json => Printed::Json(v),
+        Format::Table => Printed::Text(table(&v).trim_end().to_string()),
+    }
+}
+
 /// Runs one command against `endpoint`; returns what to print.
 /// `tls`: dial over TLS (None: plaintext). `ns`: the namespace of the kv,
 /// tasks, barriers, tfdata and reset-job verbs (None: the default one).
@@ -552,15 +666,21 @@ pub async fn run(
     }
     let mut c = connect(endpoint, tls).await?;
     let printed = match cmd {
-        CtlCommand::Status => Printed::Json(status_json(&mut c).await?),
-        CtlCommand::Ns(n) => Printed::Json(ns_command(&mut c, n).await?),
+        CtlCommand::Status { out } => shown(status_json(&mut c).await?, out, show::status),
+        CtlCommand::Ns(n) => ns_command(&mut c, n).await?,
         CtlCommand::Kv(k) => kv_command(&mut c, &ns, k).await?,
-        CtlCommand::Tfdata(what) => {
+        CtlCommand::Tfdata { what, out } => {
             let s = state(&mut c, &ns).await?;
-            Printed::Json(tfdata_json(namespace(&s, &ns)?, what))
+            let v = tfdata_json(namespace(&s, &ns)?, what);
+            shown(v, out, |v| show::tfdata(what, v))
         }
-        CtlCommand::Tasks => Printed::Json(tasks_json(&mut c, &ns).await?),
-        CtlCommand::Barriers => Printed::Json(barriers_json(&mut c, &ns).await?),
+        CtlCommand::Tasks { task, state, out } => {
+            let v = tasks_json(&mut c, &ns, task, state).await?;
+            shown(v, out, show::tasks)
+        }
+        CtlCommand::Barriers { id, out } => {
+            shown(barriers_json(&mut c, &ns, id).await?, out, show::barriers)
+        }
         CtlCommand::Member(m) => Printed::Json(member_command(&mut c, m).await?),
         CtlCommand::Snapshot(s) => Printed::Json(snapshot_command(&mut c, s).await?),
         CtlCommand::ResetJob { tasks } => Printed::Json(reset_job(&mut c, &ns, tasks).await?),
@@ -632,62 +752,116 @@ async fn kv_command(
             propose(c, ns, Command::from(KvDelete { key })).await?;
             Printed::Text("OK".into())
         }
-        KvCommand::Ls { prefix, torch } => {
+        KvCommand::Ls { prefix, torch, out } => {
             let list = KvListRequest {
                 prefix,
                 limit: 0,
                 torch,
             };
             let r = c.kv_list(in_ns(ns, list)?).await?.into_inner();
-            Printed::Json(json!(r
+            let v = json!(r
                 .entries
                 .iter()
                 .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.value)}))
-                .collect::<Vec<_>>()))
+                .collect::<Vec<_>>());
+            shown(v, out, show::keys)
         }
     })
 }
 
-/// `ctl tasks`: every task with its state, incarnation and error.
-async fn tasks_json(c: &mut NodeClient<Channel>, ns: &Option<String>) -> anyhow::Result<Value> {
-    let s = state(c, ns).await?;
-    let s = namespace(&s, ns)?;
-    Ok(json!((0..s.task_count())
-        .map(|i| {
-            let t = s.coordination().task(i).expect("index in range");
-            let (job, id) = s.task_id(i).expect("index in range");
-            json!({
-                "job": job,
-                "task_id": id,
-                "state": match t.status() {
-                    TaskStatus::Connected => "CONNECTED",
-                    TaskStatus::Disconnected => "DISCONNECTED",
-                    TaskStatus::Error => "ERROR",
-                },
-                "incarnation": t.incarnation,
-                "error": t.error.as_ref().map(|e| e.display()),
-            })
-        })
-        .collect::<Vec<_>>()))
+/// A task of the diagnostics as `ctl tasks` prints it.
+fn health_json(t: &TaskHealth) -> Value {
+    json!({
+        "job": t.job,
+        "task_id": t.task_id,
+        "state": t.state,
+        "incarnation": t.incarnation,
+        "error": (!t.error.is_empty()).then_some(&t.error),
+        "heartbeat_age_ms": t.heartbeat_age_ms,
+        "disconnected_age_ms": t.disconnected_age_ms,
+    })
 }
 
-/// `ctl barriers`: every barrier with its newest instance.
-async fn barriers_json(c: &mut NodeClient<Channel>, ns: &Option<String>) -> anyhow::Result<Value> {
+/// `ctl tasks [TASK] [--state S]`: the tasks with their state, incarnation,
+/// error and the age of their last heartbeat (the leader's; null when not
+/// connected or not heard since it took over). NOT_FOUND for a task the
+/// namespace does not have.
+async fn tasks_json(
+    c: &mut NodeClient<Channel>,
+    ns: &Option<String>,
+    task: Option<String>,
+    state: Option<String>,
+) -> anyhow::Result<Value> {
+    let req = TasksRequest {
+        state: state.unwrap_or_default(),
+        task: task.unwrap_or_default(),
+    };
+    let r = c.tasks(in_ns(ns, req)?).await?.into_inner();
+    Ok(Value::Array(r.tasks.iter().map(health_json).collect()))
+}
+
+/// What `ctl barriers` adds to a pending barrier: how long it has waited
+/// (the leader's; `waited_at_least` when it counts from the leader's
+/// takeover), arrived of expected, and the first tasks it waits for with
+/// their state and last heartbeat.
+fn pending_json(b: &PendingBarrier) -> Value {
+    json!({
+        "id": b.id,
+        "counter": b.counter,
+        "waited_ms": b.waited_ms,
+        "waited_at_least": b.waited_at_least,
+        "arrived_count": b.arrived,
+        "participant_count": b.participants,
+        "deadline_ms": b.deadline_ms,
+        "missing_count": b.missing_count,
+        "missing": b.missing.iter().map(health_json).collect::<Vec<_>>(),
+    })
+}
+
+/// `ctl barriers [ID]`: every barrier with its newest instance (or the one
+/// named: NOT_FOUND if there is none), a pending one with [`pending_json`]'s
+/// fields too.
+async fn barriers_json(
+    c: &mut NodeClient<Channel>,
+    ns: &Option<String>,
+    id: Option<String>,
+) -> anyhow::Result<Value> {
+    let req = BarriersRequest {
+        id: id.clone().unwrap_or_default(),
+        missing_limit: 0,
+    };
+    let pending = c.barriers(in_ns(ns, req)?).await?.into_inner().barriers;
     let s = state(c, ns).await?;
     let s = namespace(&s, ns)?;
-    Ok(json!(s
-        .coordination()
+    let coordination = s.coordination();
+    let all: Vec<Value> = coordination
         .barriers()
-        .map(|(id, b)| json!({
-            "id": id,
-            "counter": b.counter,
-            "status": format!("{:?}", b.status()).to_uppercase(),
-            "participants": b.participants,
-            "arrived": b.arrivals.keys().collect::<Vec<_>>(),
-            "deadline_ms": b.deadline_ms,
-            "error": b.error.as_ref().map(|e| e.display()),
-        }))
-        .collect::<Vec<_>>()))
+        .filter(|(b, _)| id.as_ref().is_none_or(|id| id == *b))
+        .map(|(id, b)| {
+            let mut v = json!({
+                "id": id,
+                "counter": b.counter,
+                "status": format!("{:?}", b.status()).to_uppercase(),
+                "participants": b.participants,
+                "arrived": b.arrivals.keys().collect::<Vec<_>>(),
+                "deadline_ms": b.deadline_ms,
+                "error": b.error.as_ref().map(|e| e.display()),
+            });
+            let diag = pending
+                .iter()
+                .find(|p| p.id == *id && p.status == "PENDING");
+            if let (Some(p), Some(o)) = (diag.map(pending_json), v.as_object_mut()) {
+                let extra = p.as_object().cloned().unwrap_or_default();
+                o.extend(
+                    extra
+                        .into_iter()
+                        .filter(|(k, _)| k != "id" && k != "counter"),
+                );
+            }
+            v
+        })
+        .collect();
+    Ok(Value::Array(all))
 }
 
 /// `ctl member add|remove`: the members after the change.

@@ -5,9 +5,14 @@
 //! deadline stored in the replicated state. When a timer fires the leader
 //! proposes an update (tasks unhealthy, barrier expired) and the state
 //! machine decides.
+//!
+//! What the leader alone knows — when it last heard each task, since when
+//! each pending barrier has waited — is kept in a [`Liveness`] that
+//! operators read ([`liveness_of`]: `ctl tasks`, `ctl barriers`, the status
+//! page, the metrics); reading it changes nothing.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use journal::pb::coordination::{BarrierExpire, Heartbeat, TasksUnhealthy};
@@ -23,10 +28,171 @@ type NsTask = (String, u32);
 /// Liveness bookkeeping of the leader, and its error pushes.
 #[derive(Default)]
 pub struct CoordinationDuty {
-    last_seen: Mutex<HashMap<NsTask, Instant>>,
+    liveness: Arc<Liveness>,
     /// When the leader last looked for tasks whose heartbeats stopped.
     last_scan: Mutex<Option<Instant>>,
     pusher: ErrorPusher,
+}
+
+/// What the leader knows of a namespace's tasks and barriers beyond the
+/// replicated state: when it last heard each connected task, and since
+/// when each pending barrier instance has waited (as this leader saw it).
+/// Empty on a follower.
+#[derive(Default)]
+pub struct Liveness {
+    last_seen: Mutex<HashMap<NsTask, Instant>>,
+    barriers: Mutex<BarrierClock>,
+}
+
+/// When the leader first saw each pending barrier instance: by namespace
+/// key, then barrier id.
+#[derive(Default)]
+struct BarrierClock {
+    by_ns: HashMap<String, HashMap<String, Opened>>,
+    /// The current look (entries not seen in it are gone).
+    look: u64,
+}
+
+/// A pending barrier instance as the leader first saw it.
+#[derive(Clone, Copy)]
+struct Opened {
+    counter: i64,
+    since: Instant,
+    /// Already pending when this leader took over.
+    at_takeover: bool,
+    look: u64,
+}
+
+/// How long a pending barrier has waited, as the leader knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waited {
+    pub ms: u64,
+    /// Pending since before this leader took over: at least `ms`.
+    pub at_least: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Liveness {
+    /// Milliseconds since the leader last heard task `task` of namespace
+    /// `ns` (its key), for each of `tasks`; `None`: not heard since it
+    /// took over, or not connected.
+    pub fn heartbeat_ages(&self, ns: &str, tasks: &[u32], now: Instant) -> Vec<Option<u64>> {
+        let seen = lock(&self.last_seen);
+        let mut key = (ns.to_string(), 0);
+        tasks
+            .iter()
+            .map(|&t| {
+                key.1 = t;
+                seen.get(&key)
+                    .map(|at| now.saturating_duration_since(*at).as_millis() as u64)
+            })
+            .collect()
+    }
+
+    /// How long instance `counter` of barrier `id` in namespace `ns` (its
+    /// key) has waited, if the leader has seen it pending.
+    pub fn barrier_waited(&self, ns: &str, id: &str, counter: i64, now: Instant) -> Option<Waited> {
+        let clock = lock(&self.barriers);
+        let o = clock
+            .by_ns
+            .get(ns)?
+            .get(id)
+            .filter(|o| o.counter == counter)?;
+        Some(Waited {
+            ms: now.saturating_duration_since(o.since).as_millis() as u64,
+            at_least: o.at_takeover,
+        })
+    }
+
+    /// The longest-waiting pending barrier of every namespace (its key)
+    /// that has one: (barrier id, how long).
+    pub fn oldest_barriers(&self, now: Instant) -> HashMap<String, (String, Waited)> {
+        let clock = lock(&self.barriers);
+        clock
+            .by_ns
+            .iter()
+            .filter_map(|(ns, ids)| {
+                let (id, o) = ids.iter().min_by_key(|(id, o)| (o.since, id.as_str()))?;
+                let waited = Waited {
+                    ms: now.saturating_duration_since(o.since).as_millis() as u64,
+                    at_least: o.at_takeover,
+                };
+                Some((ns.clone(), (id.clone(), waited)))
+            })
+            .collect()
+    }
+
+    /// Notes every pending barrier instance of `s` as seen `now` (the first
+    /// time only; `at_takeover` marks those found when taking over) and
+    /// forgets those no longer pending. O(barriers), no allocation for
+    /// barriers already known.
+    fn note_barriers(&self, s: &journal::State, now: Instant, at_takeover: bool) {
+        use journal::pb::coordination::BarrierStatus;
+        let mut clock = lock(&self.barriers);
+        clock.look += 1;
+        let look = clock.look;
+        for n in s.namespaces() {
+            let pending = n
+                .coordination()
+                .barriers()
+                .filter(|(_, b)| b.status() == BarrierStatus::Pending);
+            for (id, b) in pending {
+                if !clock.by_ns.contains_key(n.key()) {
+                    clock.by_ns.insert(n.key().to_string(), HashMap::new());
+                }
+                let ids = clock.by_ns.get_mut(n.key()).expect("inserted above");
+                match ids.get_mut(id.as_str()) {
+                    Some(o) if o.counter == b.counter => o.look = look,
+                    _ => {
+                        let o = Opened {
+                            counter: b.counter,
+                            since: now,
+                            at_takeover,
+                            look,
+                        };
+                        ids.insert(id.clone(), o);
+                    }
+                }
+            }
+        }
+        clock.by_ns.retain(|_, ids| {
+            ids.retain(|_, o| o.look == look);
+            !ids.is_empty()
+        });
+    }
+
+    fn clear(&self) {
+        lock(&self.last_seen).clear();
+        *lock(&self.barriers) = BarrierClock::default();
+    }
+}
+
+/// The leader's [`Liveness`] of each node of this process (one in a
+/// `coordstore serve`), found by its Raft node: how the metrics and the
+/// status page, which the node assembly does not hand the duty, read it.
+static LIVENESS: Mutex<Vec<(Weak<raft::RaftNode>, Weak<Liveness>)>> = Mutex::new(Vec::new());
+
+/// The [`Liveness`] of `node`'s coordination duty, once the node has led
+/// (empty again on a follower).
+pub fn liveness_of(node: &Arc<raft::RaftNode>) -> Option<Arc<Liveness>> {
+    let all = lock(&LIVENESS);
+    all.iter()
+        .find(|(n, _)| std::ptr::eq(n.as_ptr(), Arc::as_ptr(node)))
+        .and_then(|(_, l)| l.upgrade())
+}
+
+fn publish(node: &Arc<raft::RaftNode>, liveness: &Arc<Liveness>) {
+    let mut all = lock(&LIVENESS);
+    all.retain(|(n, l)| n.strong_count() > 0 && l.strong_count() > 0);
+    if !all
+        .iter()
+        .any(|(n, _)| std::ptr::eq(n.as_ptr(), Arc::as_ptr(node)))
+    {
+        all.push((Arc::downgrade(node), Arc::downgrade(liveness)));
+    }
 }
 
 /// How often the leader looks for tasks whose heartbeats stopped, given
@@ -44,14 +210,19 @@ impl CoordinationDuty {
     /// id; empty: no pushes); other namespaces name theirs in their spec.
     pub fn new(tf_addresses: BTreeMap<String, Vec<String>>) -> Self {
         CoordinationDuty {
-            last_seen: Mutex::default(),
+            liveness: Arc::default(),
             last_scan: Mutex::default(),
             pusher: ErrorPusher::new(tf_addresses),
         }
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<NsTask, Instant>> {
-        self.last_seen.lock().unwrap_or_else(|p| p.into_inner())
+    /// What this leader knows of tasks and barriers (empty on a follower).
+    pub fn liveness(&self) -> &Arc<Liveness> {
+        &self.liveness
+    }
+
+    fn seen(&self) -> MutexGuard<'_, HashMap<NsTask, Instant>> {
+        lock(&self.liveness.last_seen)
     }
 
     /// Records that `task` of namespace `ns` is alive now (heartbeat or
@@ -244,18 +415,24 @@ impl Duty for CoordinationDuty {
                     })
                     .collect()
             });
+            self.liveness.clear();
             let mut seen = self.seen();
-            seen.clear();
             for task in connected {
                 seen.insert(task, now);
             }
             drop(seen);
+            let state = leader.node().state();
+            state.read(|s| self.liveness.note_barriers(s, now, true));
+            publish(leader.node(), &self.liveness);
             self.pusher.reset();
         })
     }
 
     fn tick<'a>(&'a self, leader: &'a LocalLeader) -> DutyFuture<'a> {
         Box::pin(async move {
+            let now = Instant::now();
+            let state = leader.node().state();
+            state.read(|s| self.liveness.note_barriers(s, now, false));
             self.fire_timers(leader).await;
             leader
                 .node()
@@ -265,7 +442,7 @@ impl Duty for CoordinationDuty {
     }
 
     fn on_step_down(&self) {
-        self.seen().clear();
+        self.liveness.clear();
         self.pusher.reset();
     }
 }

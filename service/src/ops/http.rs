@@ -1,32 +1,20 @@
-//! What an operator probes: liveness (`/healthz`), readiness (`/readyz`)
-//! and the metrics (`/metrics`) over HTTP on `--metrics-listen`, and the
-//! standard gRPC health service (`grpc.health.v1.Health`) on the node port.
+//! What an operator probes: liveness (`/healthz`), readiness (`/readyz`),
+//! the metrics (`/metrics`) and the status page (`/ui`, [`super::ui`]) over
+//! HTTP on `--metrics-listen`, and the standard gRPC health service
+//! (`grpc.health.v1.Health`) on the node port.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::metrics::{Metrics, CONTENT_TYPE};
-use crate::core::{Call, Core};
+use crate::core::Core;
 
-/// How long a readiness check waits for the leader's read index.
-pub const READY_WAIT: Duration = Duration::from_secs(1);
+pub use super::{ready, READY_WAIT};
 
-/// Whether this node is ready: it knows a leader and has applied the
-/// leader's commit index as of now (a ReadIndex round), within
-/// [`READY_WAIT`]. `Err` says why not.
-pub async fn ready(core: &Core) -> Result<u64, String> {
-    match tokio::time::timeout(READY_WAIT, core.linearizable(&Call::local())).await {
-        Ok(Ok(index)) => Ok(index),
-        Ok(Err(s)) => Err(s.message().to_string()),
-        Err(_) => Err(format!(
-            "no read index from a leader within {} ms",
-            READY_WAIT.as_millis()
-        )),
-    }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
+/// Serves `/metrics`, `/healthz`, `/readyz` and the status page on
+/// `listener` until `stop`. A scrape checks readiness too
+/// (`coordstore_ready`).
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     core: Arc<Core>,
@@ -37,12 +25,14 @@ pub async fn serve_http(
     use axum::routing::get;
 
     let c1 = core.clone();
+    let page = super::ui::routes(core.clone());
     let app = axum::Router::new()
         .route(
             "/metrics",
             get(move || {
                 let (core, metrics) = (c1.clone(), metrics.clone());
                 async move {
+                    metrics.set_ready(ready(&core).await.is_ok());
                     (
                         [(header::CONTENT_TYPE, CONTENT_TYPE)],
                         metrics.render(&core),
@@ -65,7 +55,8 @@ pub async fn serve_http(
                     }
                 }
             }),
-        );
+        )
+        .merge(page);
     axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await

@@ -12,11 +12,17 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::core::Core;
+use crate::duties::coordination::liveness_of;
+
+/// The label of the series that sums the namespaces without series of
+/// their own. A namespace of that name is always summed there: it could
+/// not be told apart from the rest.
+const OTHER: &str = "other";
 
 /// The exposition's content type (Prometheus text format 0.0.4).
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
@@ -58,8 +64,60 @@ pub struct Metrics {
     ns_bytes: IntGaugeVec,
     ns_tasks: IntGaugeVec,
     ns_parked: IntGaugeVec,
+    ns_max_keys: IntGaugeVec,
+    ns_max_bytes: IntGaugeVec,
+    ns_max_parked: IntGaugeVec,
+    ns_oldest_barrier: GaugeVec,
+    ready: IntGauge,
+    /// The node's bound on parked calls, once told (`--max-parked-calls`).
+    max_parked_calls: Option<IntGauge>,
     /// Namespaces with series of their own (the largest by keys).
     ns_series: usize,
+}
+
+/// One namespace's per-namespace series (or the sum of several, `other`).
+struct Row {
+    name: String,
+    keys: u64,
+    bytes: u64,
+    tasks: [u64; 3],
+    parked: u64,
+    /// Quotas (0: none; never summed).
+    max_keys: u64,
+    max_bytes: u64,
+    max_parked: u64,
+    /// The oldest pending barrier's wait in seconds, as the leader knows it.
+    oldest_barrier: Option<f64>,
+}
+
+impl Row {
+    fn other() -> Row {
+        Row {
+            name: OTHER.into(),
+            keys: 0,
+            bytes: 0,
+            tasks: [0; 3],
+            parked: 0,
+            max_keys: 0,
+            max_bytes: 0,
+            max_parked: 0,
+            oldest_barrier: None,
+        }
+    }
+
+    /// Adds `r`'s counts (not its quotas) to this sum.
+    fn add(&mut self, r: &Row) {
+        self.keys += r.keys;
+        self.bytes += r.bytes;
+        self.parked += r.parked;
+        for i in 0..3 {
+            self.tasks[i] += r.tasks[i];
+        }
+        self.oldest_barrier = match (self.oldest_barrier, r.oldest_barrier) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
 }
 
 impl Metrics {
@@ -214,6 +272,37 @@ impl Metrics {
                 )
                 .expect("valid gauge"),
             ),
+            ns_max_keys: ns_gauge(
+                &registry,
+                "namespace_max_keys",
+                "The KV key quota by namespace (--max-keys; namespaces with one, and series of their own)",
+            ),
+            ns_max_bytes: ns_gauge(
+                &registry,
+                "namespace_max_bytes",
+                "The KV bytes quota by namespace (--max-bytes; as namespace_max_keys)",
+            ),
+            ns_max_parked: ns_gauge(
+                &registry,
+                "namespace_max_parked_calls",
+                "The parked-call quota per node by namespace (--max-parked-calls; as namespace_max_keys)",
+            ),
+            ns_oldest_barrier: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "namespace_oldest_barrier_seconds",
+                        "How long the oldest pending barrier has waited, by namespace (on the leader; the largest namespaces, the rest as other)",
+                    ),
+                    &["namespace"],
+                )
+                .expect("valid gauge"),
+            ),
+            ready: gauge(
+                "ready",
+                "1 while this node is ready (what /readyz answers), 0 otherwise",
+            ),
+            max_parked_calls: None,
             ns_series: 20,
             rss_bytes: gauge(
                 "process_resident_memory_bytes",
@@ -249,60 +338,62 @@ impl Metrics {
         self
     }
 
+    /// The same metrics with `coordstore_max_parked_calls`, the node's bound
+    /// on parked calls (`--max-parked-calls`; 0: none).
+    pub fn with_max_parked_calls(mut self, max: u64) -> Self {
+        let g = IntGauge::new(
+            "max_parked_calls",
+            "The node's bound on client calls parked at once (--max-parked-calls; 0: none)",
+        )
+        .expect("valid gauge");
+        if self.registry.register(Box::new(g.clone())).is_ok() {
+            g.set(max as i64);
+            self.max_parked_calls = Some(g);
+        }
+        self
+    }
+
+    /// Records whether this node is ready (`coordstore_ready`), as the
+    /// scrape found it.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
     /// The per-namespace series: the `ns_series` largest namespaces by
     /// keys, and every other one summed as `other`; a deleted namespace
     /// leaves no series behind (the series are made anew at each scrape).
     fn render_namespaces(&self, core: &Core, s: &journal::State) {
-        struct Row {
-            name: String,
-            keys: u64,
-            bytes: u64,
-            tasks: [u64; 3],
-            parked: u64,
-        }
         self.namespaces.set(s.namespace_count() as i64);
-        let mut rows: Vec<Row> = s
-            .namespaces()
-            .map(|n| {
-                let c = n.coordination().stats();
-                Row {
-                    name: n.name().to_string(),
-                    keys: c.keys,
-                    bytes: c.kv_bytes,
-                    tasks: c.tasks,
-                    parked: core.parking().parked_in(n.key()),
-                }
-            })
-            .collect();
-        rows.sort_by(|a, b| b.keys.cmp(&a.keys).then_with(|| a.name.cmp(&b.name)));
-        let mut other = Row {
-            name: "other".into(),
-            keys: 0,
-            bytes: 0,
-            tasks: [0; 3],
-            parked: 0,
-        };
-        let others = rows.len() > self.ns_series;
-        for r in rows.drain(self.ns_series.min(rows.len())..) {
-            other.keys += r.keys;
-            other.bytes += r.bytes;
-            other.parked += r.parked;
-            for i in 0..3 {
-                other.tasks[i] += r.tasks[i];
-            }
-        }
-        if others {
-            rows.push(other);
-        }
-        for v in [&self.ns_keys, &self.ns_bytes, &self.ns_parked] {
+        let rows = bucket(namespace_rows(core, s), self.ns_series);
+        for v in [
+            &self.ns_keys,
+            &self.ns_bytes,
+            &self.ns_parked,
+            &self.ns_max_keys,
+            &self.ns_max_bytes,
+            &self.ns_max_parked,
+        ] {
             v.reset();
         }
         self.ns_tasks.reset();
+        self.ns_oldest_barrier.reset();
         for r in rows {
             let l = [r.name.as_str()];
             self.ns_keys.with_label_values(&l).set(r.keys as i64);
             self.ns_bytes.with_label_values(&l).set(r.bytes as i64);
             self.ns_parked.with_label_values(&l).set(r.parked as i64);
+            for (v, quota) in [
+                (&self.ns_max_keys, r.max_keys),
+                (&self.ns_max_bytes, r.max_bytes),
+                (&self.ns_max_parked, r.max_parked),
+            ] {
+                if quota > 0 {
+                    v.with_label_values(&l).set(quota as i64);
+                }
+            }
+            if let Some(secs) = r.oldest_barrier {
+                self.ns_oldest_barrier.with_label_values(&l).set(secs);
+            }
             for (i, state) in ["disconnected", "connected", "error"].iter().enumerate() {
                 self.ns_tasks
                     .with_label_values(&[r.name.as_str(), *state])
@@ -385,6 +476,61 @@ impl Metrics {
             .expect("writing to a Vec");
         String::from_utf8(out).expect("the text format is UTF-8")
     }
+}
+
+/// A gauge vector by namespace in `registry`.
+fn ns_gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
+    let v = IntGaugeVec::new(Opts::new(name, help), &["namespace"]).expect("valid gauge");
+    registry
+        .register(Box::new(v.clone()))
+        .expect("unique metric names");
+    v
+}
+
+/// Every namespace of `s` as its series would show it, with the oldest
+/// barrier waits this node knows (as the leader).
+fn namespace_rows(core: &Core, s: &journal::State) -> Vec<Row> {
+    let oldest = liveness_of(core.node())
+        .map(|l| l.oldest_barriers(Instant::now()))
+        .unwrap_or_default();
+    s.namespaces()
+        .map(|n| {
+            let c = n.coordination().stats();
+            let spec = n.spec();
+            Row {
+                name: n.name().to_string(),
+                keys: c.keys,
+                bytes: c.kv_bytes,
+                tasks: c.tasks,
+                parked: core.parking().parked_in(n.key()),
+                max_keys: n.config().map_or(0, |c| c.max_keys),
+                max_bytes: spec.map_or(0, |p| p.max_bytes),
+                max_parked: spec.map_or(0, |p| p.max_parked_calls),
+                oldest_barrier: oldest.get(n.key()).map(|(_, w)| w.ms as f64 / 1000.0),
+            }
+        })
+        .collect()
+}
+
+/// The `n` largest of `rows` by keys, and the rest (a namespace named
+/// `other` among them) summed as [`OTHER`] if there is a rest.
+fn bucket(mut rows: Vec<Row>, n: usize) -> Vec<Row> {
+    rows.sort_by(|a, b| {
+        (a.name == OTHER)
+            .cmp(&(b.name == OTHER))
+            .then_with(|| b.keys.cmp(&a.keys))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let own = rows.iter().take(n).filter(|r| r.name != OTHER).count();
+    let rest: Vec<Row> = rows.drain(own..).collect();
+    if !rest.is_empty() {
+        let mut other = Row::other();
+        for r in &rest {
+            other.add(r);
+        }
+        rows.push(other);
+    }
+    rows
 }
 
 /// Whether `path` names a method of a service this node serves.
@@ -480,5 +626,42 @@ where
             metrics.record_call(&method, code, t0.elapsed());
             r
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, keys: u64, oldest: Option<f64>) -> Row {
+        Row {
+            name: name.into(),
+            keys,
+            max_keys: 100,
+            oldest_barrier: oldest,
+            ..Row::other()
+        }
+    }
+
+    #[test]
+    fn the_largest_get_series_and_a_namespace_named_other_joins_the_rest() {
+        let rows = vec![
+            row("a", 5, None),
+            row("other", 9, Some(3.0)),
+            row("b", 1, Some(7.5)),
+            row("c", 3, None),
+        ];
+        let out = bucket(rows, 2);
+        let names: Vec<&str> = out.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "c", "other"]);
+        let other = &out[2];
+        assert_eq!(other.keys, 10, "the namespace named other and b");
+        assert_eq!(other.max_keys, 0, "quotas are never summed");
+        assert_eq!(other.oldest_barrier, Some(7.5), "the oldest of the rest");
+        // Room for all: no bucket, but a namespace named other still is one.
+        let out = bucket(vec![row("a", 5, None), row("b", 1, None)], 20);
+        assert_eq!(out.len(), 2);
+        let out = bucket(vec![row("other", 5, None)], 20);
+        assert_eq!((out.len(), out[0].max_keys), (1, 0));
     }
 }

@@ -1,9 +1,34 @@
-//! Operations: what an operator scrapes ([`metrics`]), probes ([`http`])
-//! and reads in the logs ([`logs`]).
+//! Operations: what an operator scrapes ([`metrics`]), probes ([`http`]),
+//! reads in the logs ([`logs`]), asks when a job is stuck ([`diagnose`])
+//! and looks at ([`ui`], the status page).
 
+pub mod diagnose;
 pub mod http;
 pub mod logs;
 pub mod metrics;
+pub mod ui;
+
+use std::time::Duration;
+
+use crate::core::{Call, Core};
+
+/// How long a readiness check waits for the leader's read index.
+pub const READY_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether this node is ready: it knows a leader and has applied the
+/// leader's commit index as of now (a ReadIndex round), within
+/// [`READY_WAIT`]. `Err` says why not. What `/readyz`, the gRPC health
+/// service, `coordstore_ready` and the Node API's Ready answer.
+pub async fn ready(core: &Core) -> Result<u64, String> {
+    match tokio::time::timeout(READY_WAIT, core.linearizable(&Call::local())).await {
+        Ok(Ok(index)) => Ok(index),
+        Ok(Err(s)) => Err(s.message().to_string()),
+        Err(_) => Err(format!(
+            "no read index from a leader within {} ms",
+            READY_WAIT.as_millis()
+        )),
+    }
+}
 
 /// Raises this process's soft limit of open files to its hard limit:
 /// (before, after). A node holds a socket per client connection, and a

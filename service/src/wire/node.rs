@@ -5,6 +5,9 @@
 //!   barrier (a follower forwards the whole call);
 //! * the namespace lifecycle (create, delete, reset, get, list, export,
 //!   import);
+//! * diagnostics (Tasks, Barriers, BarrierWaits: why a job is stuck, read
+//!   on the leader, which alone knows heartbeat times; see
+//!   [`crate::ops::diagnose`]) and a node's readiness (Ready);
 //! * membership changes (AddMember, RemoveMember), refused without the
 //!   cluster's peer token when it has one;
 //! * what nodes ask each other (Propose, ReadIndex, Heartbeat): a follower
@@ -38,6 +41,7 @@ use crate::core::call::plain;
 use crate::core::namespaces::Namespaces;
 use crate::core::router::forward;
 use crate::core::{Access, Call, CallError, CallResult, Core, Retry};
+use crate::ops::diagnose;
 
 /// The `Node` service of one node.
 pub struct NodeApi {
@@ -486,6 +490,54 @@ impl Node for NodeApi {
                 Ok(HeartbeatResponse { error })
             },
         )
+        .await
+    }
+
+    async fn tasks(&self, req: Request<TasksRequest>) -> Reply<TasksResponse> {
+        let core = self.core();
+        self.call(req, door(Access::Namespace), |c, r| async move {
+            let tasks = diagnose::tasks(core, &c, r).await?;
+            Ok(TasksResponse { tasks })
+        })
+        .await
+    }
+
+    async fn barriers(&self, req: Request<BarriersRequest>) -> Reply<BarriersResponse> {
+        let core = self.core();
+        self.call(req, door(Access::Namespace), |c, r| async move {
+            let barriers = diagnose::barriers(core, &c, r).await?;
+            Ok(BarriersResponse { barriers })
+        })
+        .await
+    }
+
+    async fn barrier_waits(
+        &self,
+        req: Request<BarrierWaitsRequest>,
+    ) -> Reply<BarrierWaitsResponse> {
+        // Open, but it names only the namespaces that admit the caller.
+        let core = self.core();
+        self.call(req, door(Access::Open), |c, _| async move {
+            let namespaces = diagnose::barrier_waits(core, &c).await?;
+            Ok(BarrierWaitsResponse { namespaces })
+        })
+        .await
+    }
+
+    async fn ready(&self, req: Request<ReadyRequest>) -> Reply<ReadyResponse> {
+        let core = self.core();
+        self.call(req, door(Access::Open), |_, _| async move {
+            let (ready, not_ready) = match crate::ops::ready(core).await {
+                Ok(_) => (true, String::new()),
+                Err(why) => (false, why),
+            };
+            let applied_index = core.parking().applied_index();
+            Ok(ReadyResponse {
+                ready,
+                not_ready,
+                applied_index,
+            })
+        })
         .await
     }
 
