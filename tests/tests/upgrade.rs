@@ -10,7 +10,8 @@
 //!   naming the level and the nodes that lack it) and changes nothing; once
 //!   the last is upgraded the cluster's level rises by itself and
 //!   namespaces work; no acknowledged write is lost.
-//! * The old build refuses a data dir this one wrote (journal format 3).
+//! * The old build refuses a data dir this one wrote (its journal format is
+//!   this build's level, `journal::FEATURE_LEVEL`).
 //! * A node of the old build is not added to a cluster of this level.
 //! * A node whose log holds an entry it cannot read stops, naming it.
 
@@ -214,7 +215,10 @@ fn a_rolling_upgrade_from_the_build_before_namespaces_never_diverges() {
             }
             converged(&rt, &cluster, &writer);
             let s = rt.block_on(try_status(&addrs[upgraded[0]])).unwrap();
-            assert_eq!((s.feature_level, s.cluster_feature_level), (3, 2));
+            assert_eq!(
+                (s.feature_level, s.cluster_feature_level),
+                (journal::FEATURE_LEVEL, 2)
+            );
             assert_eq!(s.namespaces, 1);
         }
         progress(&cluster, 10, &clients);
@@ -228,7 +232,10 @@ fn a_rolling_upgrade_from_the_build_before_namespaces_never_diverges() {
                 .iter()
                 .map(|a| rt.block_on(try_status(a)).map(|s| s.cluster_feature_level))
                 .collect();
-            holds(levels.iter().all(|l| *l == Some(3)), || levels)
+            holds(
+                levels.iter().all(|l| *l == Some(journal::FEATURE_LEVEL)),
+                || levels,
+            )
         });
     create(&rt, &addrs[order[0]], "after-upgrade")
         .expect("namespaces work once every node is upgraded");
@@ -287,7 +294,10 @@ fn the_build_before_refuses_a_data_dir_this_one_wrote() {
     assert!(!status.success());
     let log = cluster.nodes[0].log();
     assert!(
-        log.contains("it holds journal format 3, and this coordstore reads format 2"),
+        log.contains(&format!(
+            "it holds journal format {}, and this coordstore reads format 2",
+            journal::FEATURE_LEVEL
+        )),
         "{log}"
     );
     // This build opens it again, unchanged.
@@ -307,13 +317,13 @@ fn a_node_of_a_lower_level_is_not_added() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(cluster.wait_leader(&[0], WAIT));
     let addr = cluster.nodes[0].addr.clone();
-    wait("the cluster's level 3", WAIT)
+    wait("the cluster at this build's level", WAIT)
         .context(|| cluster.logs())
         .until_blocking(|| {
             let level = rt
                 .block_on(try_status(&addr))
                 .map(|s| s.cluster_feature_level);
-            holds(level == Some(3), || level)
+            holds(level == Some(journal::FEATURE_LEVEL), || level)
         });
     let joiner_addr = format!("127.0.0.1:{}", free_port());
     let data = cluster.dir.path().join("joiner");
@@ -344,7 +354,10 @@ fn a_node_of_a_lower_level_is_not_added() {
     assert!(
         err.contains("FAILED_PRECONDITION")
             && err.contains("node 2 applies journal feature level 2")
-            && err.contains("below the cluster's level 3"),
+            && err.contains(&format!(
+                "below the cluster's level {}",
+                journal::FEATURE_LEVEL
+            )),
         "{err}"
     );
     let s = rt.block_on(try_status(&addr)).unwrap();
