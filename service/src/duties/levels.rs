@@ -1,7 +1,9 @@
 //! The feature-level duty: the leader asks every member (voters and
 //! learners) which journal feature level it applies — at once when it takes
-//! over, then once a second while the cluster runs below this build's
-//! level and every 30 s after — and raises the cluster's level to the
+//! over, then every 200 ms while the cluster runs below this build's
+//! level (a write that needs the level waits for it: on a cluster just
+//! bootstrapped, the first ask can find a member not answering yet) and
+//! every 30 s after — and raises the cluster's level to the
 //! lowest answer (`SetFeatureLevel`) when that is higher. A member that
 //! does not answer keeps the level where it is; the level never falls. A
 //! member below the level the cluster already runs at (a node replaced by
@@ -20,7 +22,7 @@ use crate::core::LocalLeader;
 
 /// How often the members are asked while the cluster runs below this
 /// build's level...
-const ASK_EVERY: Duration = Duration::from_secs(1);
+const ASK_EVERY: Duration = Duration::from_millis(200);
 /// ...and after.
 const ASK_AT_LEVEL_EVERY: Duration = Duration::from_secs(30);
 
