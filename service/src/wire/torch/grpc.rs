@@ -47,9 +47,17 @@ fn connection(c: &Call) -> CallResult<(u64, u64)> {
     Ok((o.client_id, o.seq))
 }
 
-#[tonic::async_trait]
-impl TorchStore for TorchApi {
-    async fn request(&self, req: Request<TorchRequest>) -> Result<Response<TorchReply>, Status> {
+impl TorchApi {
+    /// One call of the relay's API through the pipeline: admitted to the
+    /// namespace, then `body` with the store.
+    async fn serve<Req, Resp, Fut>(
+        &self,
+        req: Request<Req>,
+        body: impl FnOnce(Arc<Store>, Call, Req) -> Fut,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Fut: std::future::Future<Output = CallResult<Resp>>,
+    {
         let store = &self.store;
         let errors = |_: &Call, d: &journal::DomainError| plain(d);
         super::super::serve(
@@ -58,9 +66,20 @@ impl TorchStore for TorchApi {
             super::super::door(Access::Namespace),
             errors,
             |c, r| async move {
-                let answer = request(store, &c, r).await;
+                let answer = body(store.clone(), c.clone(), r).await;
                 (c, answer)
             },
+        )
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl TorchStore for TorchApi {
+    async fn request(&self, req: Request<TorchRequest>) -> Result<Response<TorchReply>, Status> {
+        self.serve(
+            req,
+            |store, c, r| async move { request(&store, &c, r).await },
         )
         .await
     }
@@ -69,40 +88,20 @@ impl TorchStore for TorchApi {
         &self,
         req: Request<TorchStopsRequest>,
     ) -> Result<Response<TorchStopsReply>, Status> {
-        let store = &self.store;
-        let errors = |_: &Call, d: &journal::DomainError| plain(d);
-        super::super::serve(
-            store.core(),
-            req,
-            super::super::door(Access::Namespace),
-            errors,
-            |c, r| async move {
-                let answer = stops(store, &c, r).await;
-                (c, answer)
-            },
-        )
-        .await
+        self.serve(req, |store, c, r| async move { stops(&store, &c, r).await })
+            .await
     }
 
     async fn close(
         &self,
         req: Request<TorchCloseRequest>,
     ) -> Result<Response<TorchCloseReply>, Status> {
-        let store = &self.store;
-        let errors = |_: &Call, d: &journal::DomainError| plain(d);
-        super::super::serve(
-            store.core(),
-            req,
-            super::super::door(Access::Namespace),
-            errors,
-            |c, _| async move {
-                let answer = connection(&c).map(|(id, _)| {
-                    store.relayed_closed(c.namespace(), id);
-                    TorchCloseReply {}
-                });
-                (c, answer)
-            },
-        )
+        self.serve(req, |store, c, _| async move {
+            connection(&c).map(|(id, _)| {
+                store.relayed_closed(c.namespace(), id);
+                TorchCloseReply {}
+            })
+        })
         .await
     }
 }
