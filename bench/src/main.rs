@@ -33,6 +33,11 @@ struct Cli {
     /// built-in peer, in memory, which then does not run faster either).
     #[arg(long, default_value_t = coordstore_bench::DEFAULT_LOAD_THREADS, global = true)]
     load_threads: usize,
+    /// Keep the status page refreshing on every coordstore node while a
+    /// peer runs: fetch its JSON views every this many ms (the page itself
+    /// refreshes every 2000).
+    #[arg(long, global = true)]
+    ui_refresh_ms: Option<u64>,
     #[command(subcommand)]
     suite: Suite,
 }
@@ -331,14 +336,24 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(cli))
 }
 
+/// The options every coordstore peer of this run starts with.
+fn set_peer_options(cli: &Cli) {
+    coordstore_bench::peers::SERVER_FLAGS
+        .set(cli.server_flags.clone())
+        .expect("set once");
+    if let Some(ms) = cli.ui_refresh_ms {
+        coordstore_bench::peers::UI_REFRESH_MS
+            .set(ms)
+            .expect("set once");
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cli.out)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
-    coordstore_bench::peers::SERVER_FLAGS
-        .set(cli.server_flags.clone())
-        .expect("set once");
+    set_peer_options(&cli);
     let peers = if cli.peers.is_empty() {
         PeerKind::ALL.to_vec()
     } else {

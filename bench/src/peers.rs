@@ -61,6 +61,69 @@ impl PeerKind {
 /// (`coordstore-bench --server-flags`), e.g. to compare configurations.
 pub static SERVER_FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
+/// Every this many ms, while a coordstore peer runs, fetch what the status
+/// page (`/ui`) fetches to refresh itself — the cluster, the namespaces and
+/// the default namespace's view, as JSON — from each node's metrics
+/// listener (`coordstore-bench --ui-refresh-ms`): the serving path's
+/// numbers with the page open. Unset: no page.
+pub static UI_REFRESH_MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// A thread refreshing the status page of one coordstore peer; stops
+/// when dropped. The count of refreshes it made is logged then.
+pub struct UiRefresher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl UiRefresher {
+    /// A refresher of the nodes whose metrics listeners are `metrics`, if
+    /// `--ui-refresh-ms` asked for one.
+    pub fn maybe(metrics: &[String]) -> Option<UiRefresher> {
+        let ms = *UI_REFRESH_MS.get()?;
+        (!metrics.is_empty()).then(|| Self::start(metrics.to_vec(), Duration::from_millis(ms)))
+    }
+
+    fn start(metrics: Vec<String>, every: Duration) -> UiRefresher {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            const PATHS: [&str; 3] = [
+                "/ui/api/cluster",
+                "/ui/api/namespaces",
+                "/ui/api/namespaces/default",
+            ];
+            let mut refreshes = 0;
+            while !flag.load(Ordering::Relaxed) {
+                for addr in &metrics {
+                    for path in PATHS {
+                        if matches!(http_get(addr, path), Some((200, _))) {
+                            refreshes += 1;
+                        }
+                    }
+                }
+                std::thread::park_timeout(every);
+            }
+            refreshes
+        });
+        UiRefresher {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for UiRefresher {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let n = t.join().unwrap_or(0);
+            eprintln!("status page: {n} JSON views fetched (200 OK)");
+        }
+    }
+}
+
 /// Heartbeat timeout given to the xla peers: long enough that the load
 /// generator's registered tasks need no heartbeats during a suite.
 pub const HEARTBEAT_TIMEOUT_S: u64 = 600;
@@ -87,6 +150,8 @@ pub struct Peer {
     /// Each coordstore node's `--metrics-listen` address (none for the
     /// other peers).
     metrics: Vec<String>,
+    /// The status page refreshing (`--ui-refresh-ms`), coordstore only.
+    _ui: Option<UiRefresher>,
 }
 
 impl Peer {
@@ -139,12 +204,14 @@ impl Peer {
                 Vec::new(),
             ),
         };
+        let ui = UiRefresher::maybe(&metrics);
         Ok(Peer {
             kind,
             inner,
             service_incarnation: 0,
             register_ms: 0.0,
             metrics,
+            _ui: ui,
         })
     }
 

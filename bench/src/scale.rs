@@ -247,6 +247,7 @@ pub async fn run(peers: &[PeerKind], load: &Load) -> anyhow::Result<Vec<ScaleRow
 /// One peer, one N.
 async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Result<ScaleRow> {
     let m = load.namespaces.max(1);
+    let mut ui = None;
     let (servers, jobs) = match kind {
         PeerKind::Builtin => {
             let peer = Peer::launch(PeerKind::Builtin, n as u32, load.heartbeat_timeout).await?;
@@ -257,7 +258,9 @@ async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Resul
             (Servers::Builtin(peer), jobs)
         }
         _ => {
-            let (cluster, jobs) = start_coordstore(kind, n, load).await?;
+            let (cluster, jobs, metrics) = start_coordstore(kind, n, load).await?;
+            // The status page refreshing (--ui-refresh-ms) while the job runs.
+            ui = crate::peers::UiRefresher::maybe(&metrics);
             (Servers::Coordstore(cluster), jobs)
         }
     };
@@ -295,18 +298,20 @@ async fn one(kind: PeerKind, n: usize, per: usize, load: &Load) -> anyhow::Resul
         }
     }
     drop(sim);
+    drop(ui);
     drop(servers);
     Ok(row)
 }
 
 /// A coordstore cluster of `kind` for `n` tasks: one job in the default
 /// namespace, or `load.namespaces` jobs of n/M tasks, a namespace each,
-/// served on every node; the cluster and the jobs.
+/// served on every node; the cluster, the jobs and each node's metrics
+/// listener.
 async fn start_coordstore(
     kind: PeerKind,
     n: usize,
     load: &Load,
-) -> anyhow::Result<(Cluster, Vec<JobSpec>)> {
+) -> anyhow::Result<(Cluster, Vec<JobSpec>, Vec<String>)> {
     let m = load.namespaces.max(1);
     let hb_ms = load.heartbeat_timeout.as_millis().to_string();
     let nodes = if kind == PeerKind::Coordstore3 { 3 } else { 1 };
@@ -333,7 +338,18 @@ async fn start_coordstore(
         .cloned()
         .unwrap_or_default();
     flags.extend(extra.iter().map(String::as_str));
-    let cluster = Cluster::start_hosts(nodes, &flags);
+    // Each node's metrics listener (the status page's), on its own host.
+    let metrics: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("{h}:{}", coordstore_tests::free_port_on(h)))
+        .collect();
+    let addrs: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("{h}:{}", coordstore_tests::free_port_on(h)))
+        .collect();
+    let cluster = Cluster::start_at(&addrs, &flags, |i| {
+        vec!["--metrics-listen".into(), metrics[i].clone()]
+    });
     let all: Vec<usize> = (0..nodes).collect();
     let leader = cluster.wait_leader(&all, Duration::from_secs(60)).await;
     let jobs = if m == 1 {
@@ -361,7 +377,7 @@ async fn start_coordstore(
         }
         jobs
     };
-    Ok((cluster, jobs))
+    Ok((cluster, jobs, metrics))
 }
 
 /// Runs the job's phases on `sim`, each into `row` with the servers' CPU
