@@ -85,6 +85,8 @@ impl StoreClient {
             std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
             std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
         };
+        // A port still in TIME_WAIT from an earlier connection may be taken.
+        socket.set_reuseaddr(true)?;
         socket.bind(std::net::SocketAddr::new(from, 0))?;
         Self::shake(socket.connect(addr).await?, nonce).await
     }

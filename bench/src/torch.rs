@@ -252,7 +252,9 @@ async fn start_torch() -> anyhow::Result<Servers> {
 /// The local address client `i` connects from: 127.1.x.y, so that many
 /// clients do not run out of one address's ephemeral ports.
 fn source(i: usize) -> IpAddr {
-    let k = i / 16_384;
+    // 4,096 ranks per source address: a run's ports and the TIME_WAIT of the
+    // run before it fit one address's ephemeral range (28,232 ports).
+    let k = i / 4_096;
     IpAddr::V4(Ipv4Addr::new(127, 1, (k / 250) as u8, (k % 250 + 1) as u8))
 }
 
