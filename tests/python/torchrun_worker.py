@@ -16,9 +16,11 @@ rounds of all-reducing rank + 1 (the sum must be N(N+1)/2), a barrier, and a
 last line {"done": {...}, "ok": BOOL}; exits 0 only if every check held.
 
 --crash-rank R --crash-file F: the job's attempt A is 1 if the file F
-exists when the worker starts, else 0; in attempt 0, global rank R makes F
-and exits with status 3 after its key and before the all-reduces (every
-worker of the attempt has started by then: they all initialised). Its agent
+exists when the worker starts, else 0; in attempt 0, global rank R waits
+until every worker of the attempt has set its key (so every one printed its
+line: gloo's init returning on rank R does not mean the others' full-mesh
+connect finished), then makes F and exits with status 3 before the
+all-reduces. Its agent
 then restarts the worker group (--max-restarts) and the agents rendezvous
 again. (TORCHELASTIC_RESTART_COUNT cannot tell the attempt: it counts the
 agent's own restarts, and an agent that restarts because another node waits
@@ -94,6 +96,8 @@ def main() -> int:
     store.set(f"torchrun_worker/{attempt}/{rank}", str(os.getpid()))
 
     if rank == a.crash_rank and attempt == 0 and a.crash_file:
+        store.wait([f"torchrun_worker/0/{r}" for r in range(world)],
+                   timedelta(seconds=a.timeout_s))
         open(a.crash_file, "x").close()
         emit({"rank": rank, "crashing": True})
         os._exit(3)
