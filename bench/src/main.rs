@@ -85,6 +85,14 @@ enum Suite {
         #[arg(long)]
         listen: String,
     },
+    /// A bare TCPStore responder (handshake, PING, CHECK; no store), for
+    /// torch's floor peer.
+    #[command(hide = true)]
+    BareTorch {
+        /// Address to serve.
+        #[arg(long)]
+        listen: String,
+    },
     /// Server RSS holding 100k keys of 1 KiB.
     Memory(MemoryArgs),
     /// Renders the markdown and charts of a results JSON again (into --out).
@@ -274,7 +282,8 @@ struct TorchArgs {
     /// A phase slower than this fails, s.
     #[arg(long, default_value_t = 600)]
     phase_timeout_s: u64,
-    /// Peers: coordstore-1, coordstore-3, torch [default: all three]
+    /// Peers: coordstore-1, coordstore-3, torch, floor (a bare responder:
+    /// connect and steady only) [default: the first three]
     #[arg(long, value_delimiter = ',')]
     torch_peers: Vec<String>,
 }
@@ -371,6 +380,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let name = match cli.suite {
         Suite::Report { json } => return render_again(&json, &out.dir),
         Suite::BareGrpc { listen } => return parked::bare_grpc(&listen).await,
+        Suite::BareTorch { listen } => return torch::bare_torch(&listen).await,
         Suite::ParkedMemory(a) => return parked_memory(&out, a).await,
         Suite::Propose(a) => return proposes(&out, a).await,
         Suite::Tfdata(a) => return tfdata_suite(&out, a).await,
@@ -666,6 +676,7 @@ async fn torch_suite(out: &Out, a: TorchArgs, machine: &Machine) -> anyhow::Resu
             "coordstore-1" => Ok(torch::Peer::Coordstore(1)),
             "coordstore-3" => Ok(torch::Peer::Coordstore(3)),
             "torch" => Ok(torch::Peer::Torch),
+            "floor" => Ok(torch::Peer::Floor),
             other => Err(anyhow::anyhow!("unknown torch peer {other}")),
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

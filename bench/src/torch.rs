@@ -17,7 +17,11 @@
 //!
 //! Peers: coordstore with 1 and 3 nodes (ranks spread over every node;
 //! followers forward) and torch's own libuv TCPStore server (the torch
-//! venv's Python), driven by the same generator. Per phase: time, errors,
+//! venv's Python), driven by the same generator; and `floor`, this binary's
+//! `bare-torch` (a tokio server with as many workers as coordstore's by
+//! default, answering the handshake, PING and CHECK with no store behind):
+//! the connect and steady phases only, the cost of answering the polls at
+//! all (the kernel's sockets and wake-ups, tokio's scheduling). Per phase: time, errors,
 //! each server's CPU seconds and RSS; in the steady phase each serving
 //! node's CPU and the Raft entries per second. A second measure, `handoff`:
 //! one rank SETs a key, another (on a follower) WAITs and GETs it, 200
@@ -58,6 +62,8 @@ pub enum Peer {
     Coordstore(usize),
     /// torch's own libuv TCPStore server.
     Torch,
+    /// `bare-torch`: answers the polls, no store (the steady phase's floor).
+    Floor,
 }
 
 impl Peer {
@@ -65,6 +71,7 @@ impl Peer {
         match self {
             Peer::Coordstore(n) => format!("coordstore-{n}"),
             Peer::Torch => "torch-libuv".into(),
+            Peer::Floor => "floor".into(),
         }
     }
 }
@@ -162,6 +169,7 @@ impl Servers {
                 })
             }
             Peer::Torch => start_torch().await,
+            Peer::Floor => start_floor().await,
         }
     }
 
@@ -249,6 +257,77 @@ async fn start_torch() -> anyhow::Result<Servers> {
     })
 }
 
+/// This binary's `bare-torch` on a free port, with one tokio worker per
+/// core (coordstore's default).
+async fn start_floor() -> anyhow::Result<Servers> {
+    let port = coordstore_tests::free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--load-threads", &cores.to_string(), "bare-torch"])
+        .args(["--listen", &addr.to_string()])
+        .spawn()?;
+    let pid = child.id();
+    let servers = Servers {
+        addrs: vec![(addr, Some(pid))],
+        cluster: None,
+        torch: Some(child),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while StoreClient::connect(&addr.to_string(), 0).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "bare-torch did not answer");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(servers)
+}
+
+/// `bare-torch`: TCPStore's handshake, PING and CHECK (never ready) answered
+/// with no store behind, anything else ends the connection; serves until
+/// killed.
+pub async fn bare_torch(listen: &str) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(bare_connection(stream));
+    }
+}
+
+/// One connection of `bare-torch`.
+async fn bare_connection(mut stream: tokio::net::TcpStream) {
+    use bytes::BufMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = bytes::BytesMut::new();
+    if agent::torch::handshake(&mut stream, &mut buf)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut decoder = proto::torch::Decoder::default();
+    let mut out = bytes::BytesMut::new();
+    loop {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(Op::Ping(n))) => out.put_u32_le(n),
+                Ok(Some(Op::Check { .. })) => out.put_u8(proto::torch::NOT_READY),
+                Ok(None) => break,
+                _ => return,
+            }
+        }
+        if !out.is_empty() {
+            if stream.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// The local address client `i` connects from: 127.1.x.y, so that many
 /// clients do not run out of one address's ephemeral ports.
 fn source(i: usize) -> IpAddr {
@@ -302,9 +381,15 @@ pub async fn run(peers: &[Peer], load: &Load) -> anyhow::Result<(Vec<Row>, Vec<H
     let mut rows = Vec::new();
     let mut handoffs = Vec::new();
     for &peer in peers {
-        match handoff(peer).await {
-            Ok(h) => handoffs.push(h),
-            Err(e) => eprintln!("torch: {} handoff: {e:#}", peer.name()),
+        // The floor answers no SET, WAIT or GET.
+        let measured = match peer {
+            Peer::Floor => None,
+            _ => Some(handoff(peer).await),
+        };
+        match measured {
+            None => {}
+            Some(Ok(h)) => handoffs.push(h),
+            Some(Err(e)) => eprintln!("torch: {} handoff: {e:#}", peer.name()),
         }
         for &n in &load.ranks {
             eprintln!("torch: {}, {n} ranks", peer.name());
@@ -346,7 +431,11 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
         row.outcome = "connect failed".into();
         return Ok(row);
     }
-    for name in ["init", "rendezvous", "nccl-id", "barrier", "steady"] {
+    let phases: &[&str] = match peer {
+        Peer::Floor => &["steady"],
+        _ => &["init", "rendezvous", "nccl-id", "barrier", "steady"],
+    };
+    for &name in phases {
         let t = load.phase_timeout;
         let fut = run_phase(name, &mut clients, agents, load, t);
         let phase = timed(&servers, &pids, name, fut).await;
@@ -585,6 +674,20 @@ async fn handoff(peer: Peer) -> anyhow::Result<Handoff> {
     })
 }
 
+/// A run's start-up (init..barrier), s; — for a peer that runs none.
+fn startup(r: &Row) -> String {
+    let phases: Vec<f64> = r
+        .phases
+        .iter()
+        .filter(|p| ["init", "rendezvous", "nccl-id", "barrier"].contains(&p.phase.as_str()))
+        .map(|p| p.seconds)
+        .collect();
+    match phases.is_empty() {
+        true => "—".to_string(),
+        false => format!("{:.2}", phases.iter().sum::<f64>()),
+    }
+}
+
 /// The markdown tables.
 pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
     let mut md = String::from(
@@ -625,12 +728,7 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
     }
     md.push_str("\n| peer | start-up s (init..barrier) | steady: CPU % per server | steady: Raft entries/s |\n|---|---:|---|---:|\n");
     for r in rows {
-        let startup: f64 = r
-            .phases
-            .iter()
-            .filter(|p| ["init", "rendezvous", "nccl-id", "barrier"].contains(&p.phase.as_str()))
-            .map(|p| p.seconds)
-            .sum();
+        let startup = startup(r);
         let steady = r.phases.iter().find(|p| p.phase == "steady");
         let (cpu, entries) = steady.map_or(("—".into(), "—".into()), |p| {
             let cpu: Vec<String> = p
@@ -644,7 +742,7 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
             (cpu.join(" / "), e)
         });
         md.push_str(&format!(
-            "| {} {} | {startup:.2} | {cpu} | {entries} |\n",
+            "| {} {} | {startup} | {cpu} | {entries} |\n",
             r.peer, r.ranks
         ));
     }
