@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use agent::torch::StoreClient;
 use bytes::Bytes;
+use coordstore_tests::wait::eventually;
 use coordstore_tests::{try_status, Cluster};
 use proto::torch::{Op, STOP_WAITING};
 use tokio::sync::Semaphore;
@@ -273,11 +274,10 @@ async fn start_floor() -> anyhow::Result<Servers> {
         cluster: None,
         torch: Some(child),
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while StoreClient::connect(&addr.to_string(), 0).await.is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "bare-torch did not answer");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("bare-torch to answer", Duration::from_secs(30), || {
+        StoreClient::connect_from(addr, IpAddr::V4(Ipv4Addr::LOCALHOST), 0)
+    })
+    .await;
     Ok(servers)
 }
 
