@@ -761,7 +761,8 @@ async fn a_deleted_namespace_ends_its_parked_calls_at_once_and_leaves_nothing() 
 }
 
 /// A namespace created on a follower is served by every node on the same
-/// port: a stock-dialect client on a follower's port registers; a node
+/// port, and the create is answered once the answering node serves it
+/// (leader or follower): a stock-dialect client on a follower's port registers; a node
 /// whose port another process holds reports why and serves it once the
 /// port is free; a whole-cluster restart reopens every port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -778,6 +779,16 @@ async fn every_node_serves_every_namespace_port() {
         .await
         .unwrap();
     assert_eq!(info.port, u32::from(low));
+    // A create is answered once the answering node serves the new port,
+    // on a follower that forwarded it as on the leader: a client that
+    // dials the port at once is not refused for being early.
+    assert_eq!(info.listener, "serving", "{info:?}");
+    std::net::TcpStream::connect(ns::addr(&cluster, f1, &info)).expect("the port answered");
+    let second = ns::create(&cluster.nodes[leader].addr, "job-2", ns::tasks(1))
+        .await
+        .unwrap();
+    assert_eq!(second.listener, "serving", "{second:?}");
+    std::net::TcpStream::connect(ns::addr(&cluster, leader, &second)).expect("the port answered");
     let why = ns::wait_info(&cluster, f2, "job", WAIT, |n| {
         n.listener.starts_with("not serving")
     })

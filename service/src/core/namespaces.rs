@@ -9,7 +9,8 @@
 //! ([`Namespaces::set_listener`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use journal::namespace::{namespace_key, valid_name};
 use journal::pb::{
@@ -19,6 +20,7 @@ use journal::pb::{
 use journal::{Namespace, Update};
 use prost::Message;
 use proto::coordstore::{JobCount, NamespaceInfo, NamespaceSettings, QueueInfo};
+use tokio::sync::watch;
 use tonic::Status;
 
 use super::call::plain;
@@ -32,6 +34,10 @@ pub const DEFAULT_REGISTER_TIMEOUT_MS: u64 = 3_600_000;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 300_000;
 /// Default bound on the namespaces of a cluster (the default one included).
 pub const DEFAULT_MAX_NAMESPACES: u64 = 10_000;
+
+/// How long a create or an import waits, on the node that answers it, for
+/// that node's listener on the new namespace's port ([`Namespaces::opened`]).
+const OPEN_WAIT: Duration = Duration::from_secs(5);
 
 /// The cluster's namespace settings (the same on every node).
 #[derive(Clone, Debug, Default)]
@@ -50,6 +56,8 @@ pub struct Namespaces {
     policy: NamespacePolicy,
     /// This node's listener on each namespace's port: "serving" or why not.
     listeners: Mutex<HashMap<String, String>>,
+    /// Told of every change of `listeners`.
+    listener_changes: watch::Sender<()>,
 }
 
 impl Namespaces {
@@ -59,6 +67,7 @@ impl Namespaces {
             core,
             policy,
             listeners: Mutex::default(),
+            listener_changes: watch::Sender::new(()),
         }
     }
 
@@ -69,11 +78,42 @@ impl Namespaces {
 
     /// Records this node's listener state on namespace `name`'s port.
     pub fn set_listener(&self, name: &str, state: Option<String>) {
-        let mut l = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
-        match state {
-            Some(s) => l.insert(name.to_string(), s),
-            None => l.remove(name),
+        {
+            let mut l = self.listeners();
+            match state {
+                Some(s) => l.insert(name.to_string(), s),
+                None => l.remove(name),
+            };
+        }
+        self.listener_changes.send_replace(());
+    }
+
+    fn listeners(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `info` of a namespace this node has just created or imported (or
+    /// learned of from the leader that did), once this node has tried to
+    /// open its port: serving, or saying why not. So a client that dials
+    /// the port of the reply on the node that answered is not refused for
+    /// being early. At most [`OPEN_WAIT`], then `info` as it was.
+    pub async fn opened(&self, c: &Call, info: NamespaceInfo) -> NamespaceInfo {
+        if info.port == 0 {
+            return info;
+        }
+        let mut changes = self.listener_changes.subscribe();
+        let tried = async {
+            loop {
+                let seen = self.listeners().contains_key(&info.name);
+                if seen || changes.changed().await.is_err() {
+                    return;
+                }
+            }
         };
+        if tokio::time::timeout(OPEN_WAIT, tried).await.is_err() {
+            return info;
+        }
+        self.info(c, &info.name).unwrap_or(info)
     }
 
     fn listener(&self, name: &str, port: u32) -> String {
@@ -83,8 +123,8 @@ impl Namespaces {
         if port == 0 {
             return "no port (by name on the main port)".into();
         }
-        let l = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
-        l.get(name)
+        self.listeners()
+            .get(name)
             .cloned()
             .unwrap_or_else(|| "not opened yet".into())
     }

@@ -273,8 +273,8 @@ impl Node for NodeApi {
         let remote = |mut l: NodeClient<Channel>, r| async move { l.create_namespace(r).await };
         let at = door(Access::Cluster("namespace create"));
         self.call(req, at, |c, r| async move {
-            self.lifecycle("namespace create", &c, r, local, remote)
-                .await
+            let info = self.lifecycle("namespace create", &c, r, local, remote);
+            Ok(ns.opened(&c, info.await?).await)
         })
         .await
     }
@@ -352,8 +352,8 @@ impl Node for NodeApi {
         let remote = |mut l: NodeClient<Channel>, r| async move { l.import_namespace(r).await };
         let at = door(Access::Cluster("namespace import"));
         self.call(req, at, |c, r| async move {
-            self.lifecycle("namespace import", &c, r, local, remote)
-                .await
+            let info = self.lifecycle("namespace import", &c, r, local, remote);
+            Ok(ns.opened(&c, info.await?).await)
         })
         .await
     }
