@@ -29,6 +29,12 @@ pub fn is_transport_failure(s: &Status) -> bool {
         )
 }
 
+/// The HTTP/2 ping interval while calls are out, and how long a ping may
+/// go unanswered: a node that hangs is left after 1-2 s (a node that
+/// answers nothing for a second while it runs is rare: the ping is
+/// answered by the connection's own task, not by a call).
+pub const KEEP_ALIVE: Duration = Duration::from_secs(1);
+
 struct Inner {
     channels: Vec<Channel>,
     current: AtomicUsize,
@@ -70,11 +76,15 @@ impl Endpoints {
                     .tls_config(tls.clone())
                     .map_err(|e| format!("TLS for {addr}: {e}"))?;
             }
+            // A node that hangs (a paused VM, a process stuck on its disk)
+            // keeps its connections open: an HTTP/2 ping unanswered within
+            // KEEP_ALIVE fails every call on the connection, and the call
+            // goes to the next node.
             let ch = ep
                 .connect_timeout(Duration::from_millis(500))
                 .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(2))
-                .keep_alive_timeout(Duration::from_secs(2))
+                .http2_keep_alive_interval(KEEP_ALIVE)
+                .keep_alive_timeout(KEEP_ALIVE)
                 .connect_lazy();
             channels.push(ch);
         }

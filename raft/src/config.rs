@@ -36,6 +36,13 @@ pub struct RaftSettings {
     /// replication streams, the write batcher and read coalescer); 0 runs
     /// them on the caller's runtime.
     pub raft_threads: usize,
+    /// Free bytes kept under the data dir: below it the node is unfit to
+    /// lead, hands leadership over, and as a leader no voter can replace
+    /// refuses client writes (0: no reserve; see `health`).
+    pub disk_reserve_bytes: u64,
+    /// A log fdatasync percentile above this makes the node unfit to lead
+    /// (0: not watched).
+    pub slow_fsync_ms: u64,
 }
 
 impl Default for RaftSettings {
@@ -53,11 +60,46 @@ impl Default for RaftSettings {
             max_message_bytes: 1 << 30,
             proposal_queue: 65_536,
             raft_threads: 0,
+            disk_reserve_bytes: DEFAULT_DISK_RESERVE_BYTES,
+            slow_fsync_ms: DEFAULT_SLOW_FSYNC_MS,
         }
     }
 }
 
+/// What a node watches its disk for.
+#[derive(Clone, Debug)]
+pub struct HealthSettings {
+    /// Free bytes kept under the data dir; below it the node is unhealthy
+    /// (0: no reserve).
+    pub disk_reserve_bytes: u64,
+    /// An fdatasync percentile above this is slow (zero: not watched).
+    pub slow_fsync: std::time::Duration,
+}
+
+/// The default disk reserve: 64 MiB, room for a few log segments (4 MiB
+/// allocated ahead each) and a snapshot of a coordination state.
+pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 64 << 20;
+/// The default slow-fdatasync threshold (a healthy disk syncs in
+/// milliseconds).
+pub const DEFAULT_SLOW_FSYNC_MS: u64 = 1000;
+
 impl RaftSettings {
+    /// The election timeout the settings give: a follower that hears no
+    /// leader for between this and 1.5× this campaigns.
+    pub fn election_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.election_timeout_min_ms + self.election_timeout_max_ms,
+        )
+    }
+
+    /// What the disk's health watch looks for.
+    pub fn health(&self) -> HealthSettings {
+        HealthSettings {
+            disk_reserve_bytes: self.disk_reserve_bytes,
+            slow_fsync: std::time::Duration::from_millis(self.slow_fsync_ms),
+        }
+    }
+
     /// Sets the election timeout `e`: a follower that hears nothing from a
     /// leader for between `e` and 1.5·`e` campaigns. openraft (0.9 and 0.10) waits its
     /// leader lease (= `election_timeout_max`) *plus* a random election

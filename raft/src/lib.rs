@@ -15,17 +15,21 @@
 mod batcher;
 mod config;
 mod contact;
+pub mod health;
 pub mod metrics;
 mod network;
 mod node;
 mod reads;
+mod steward;
 
 pub use batcher::{Applied, ProposeError};
-pub use config::RaftSettings;
+pub use config::{RaftSettings, DEFAULT_DISK_RESERVE_BYTES, DEFAULT_SLOW_FSYNC_MS};
 pub use contact::QUORUM_AGE_HEADER;
 pub use network::{
     Channels, PeerNetwork, PeerService, PeerToken, Raft, PEER_CLUSTER_HEADER, PEER_TOKEN_HEADER,
 };
-pub use node::{leading_term, MetricsWatch, NodeConfig, RaftNode, Role, ServerWatch, StartError};
+pub use node::{
+    leading_term, LeaderView, MetricsWatch, NodeConfig, RaftNode, Role, ServerWatch, StartError,
+};
 /// The trait of [`MetricsWatch`] (`borrow_watched`, `changed`).
 pub use openraft::type_config::async_runtime::WatchReceiver;

@@ -16,8 +16,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::batcher::{self, Applied, Pending, ProposeError};
 use crate::config::RaftSettings;
 use crate::contact::Contact;
+use crate::health::{Health, HealthReport};
 use crate::network::{Channels, PeerNetwork, PeerService, PeerToken, Raft};
 use crate::reads::{self, ReadReply};
+use crate::steward::{self, Watched};
 
 /// A receiver of a node's Raft metrics.
 pub type MetricsWatch =
@@ -36,6 +38,23 @@ pub type ServerWatch = openraft::type_config::alias::WatchReceiverOf<
 pub fn leading_term(m: &openraft::metrics::RaftServerMetrics<TypeConfig>) -> Option<u64> {
     (m.state == openraft::ServerState::Leader && m.current_leader == Some(m.id))
         .then_some(m.vote.leader_id.term)
+}
+
+/// Who leads, as one node sees it: the term of its vote and the leader it
+/// knows (none while it votes or campaigns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderView {
+    /// The term.
+    pub term: u64,
+    /// The leader, if known.
+    pub leader: Option<NodeId>,
+}
+
+fn view_of(m: &openraft::metrics::RaftServerMetrics<TypeConfig>) -> LeaderView {
+    LeaderView {
+        term: m.vote.leader_id.term,
+        leader: m.current_leader,
+    }
 }
 
 /// What a node needs to start.
@@ -165,7 +184,13 @@ async fn track_voters(raft: Raft, contact: Arc<Contact>) {
 /// (failover measured 2.8 s instead of 1.5 s). With the same vote term and a
 /// higher node id its refused vote could also depose the current leader.
 /// A single voter campaigns at once: nobody else can lead.
-async fn hold_elections(raft: Raft, min_ms: u64, max_ms: u64) {
+/// The disk's steward (`steward::watch`) turns elections on after
+/// this hold, unless the disk is unhealthy.
+fn election_hold(raft: &Raft, settings: &RaftSettings) -> std::time::Duration {
+    let (min_ms, max_ms) = (
+        settings.election_timeout_min_ms,
+        settings.election_timeout_max_ms,
+    );
     let voters = raft
         .metrics()
         .borrow_watched()
@@ -173,11 +198,23 @@ async fn hold_elections(raft: Raft, min_ms: u64, max_ms: u64) {
         .membership()
         .voter_ids()
         .count();
-    if voters > 1 {
-        let hold = max_ms + rand::random_range(0..=min_ms);
-        tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
+    match voters > 1 {
+        true => std::time::Duration::from_millis(max_ms + rand::random_range(0..=min_ms)),
+        false => std::time::Duration::ZERO,
     }
-    raft.runtime_config().elect(true);
+}
+
+/// openraft's configuration of `cfg`, elections off: they stay off until
+/// the steward lets them run (see [`election_hold`]).
+fn held_config(cfg: &NodeConfig) -> Result<Arc<openraft::Config>, StartError> {
+    let config = cfg
+        .settings
+        .openraft_config(&cfg.cluster_id)
+        .map_err(StartError::Raft)?;
+    Ok(Arc::new(openraft::Config {
+        enable_elect: false,
+        ..(*config).clone()
+    }))
 }
 
 /// Opens `cfg`'s data dir (rebuilding the state from snapshot + log), off
@@ -197,19 +234,17 @@ async fn open_storage(
     Ok(opened?)
 }
 
-/// The tasks beside openraft: elections held back at start, the voters
-/// tracked for the leader's quorum age, snapshots by log size.
+/// The tasks beside openraft: the disk's health watch (which also holds
+/// elections back at start), the voters tracked for the leader's quorum
+/// age, snapshots by log size.
 fn spawn_helpers(
     raft: &Raft,
     settings: &RaftSettings,
     contact: &Arc<Contact>,
     state: &StateHandle,
+    watched: Watched,
 ) {
-    tokio::spawn(hold_elections(
-        raft.clone(),
-        settings.election_timeout_min_ms,
-        settings.election_timeout_max_ms,
-    ));
+    tokio::spawn(steward::watch(watched));
     tokio::spawn(track_voters(raft.clone(), contact.clone()));
     if settings.snapshot_log_bytes > 0 {
         tokio::spawn(snapshot_by_bytes(
@@ -237,6 +272,8 @@ pub struct RaftNode {
     peer_token: PeerToken,
     /// Role, leader and membership, read without copying the full metrics.
     server: ServerWatch,
+    /// The disk's health (gray failures).
+    health: Arc<Health>,
     /// What each member last said of its journal feature level (see
     /// [`RaftNode::member_levels`]).
     levels: std::sync::Mutex<BTreeMap<NodeId, Result<u32, String>>>,
@@ -286,18 +323,15 @@ impl RaftNode {
     pub async fn start(cfg: NodeConfig) -> Result<Arc<RaftNode>, StartError> {
         let (log, sm) = open_storage(&cfg).await?;
         let state = sm.handle();
+        let health = Arc::new(Health::new(
+            cfg.settings.health(),
+            cfg.data_dir.clone(),
+            log.flush_watch(),
+        ));
         // Reads are never served below what this node had logged before it
         // (re)started (see `reads`).
         let read_floor = log.last_index().map_err(StartError::Raft)?;
-        let config = cfg
-            .settings
-            .openraft_config(&cfg.cluster_id)
-            .map_err(StartError::Raft)?;
-        // Elections stay off until `hold_elections` lets them run.
-        let config = Arc::new(openraft::Config {
-            enable_elect: false,
-            ..(*config).clone()
-        });
+        let config = held_config(&cfg)?;
         let channels =
             Channels::with_overrides(cfg.peer_overrides.clone()).with_tls(cfg.peer_tls.clone());
         let contact = Arc::new(Contact::new(cfg.node_id));
@@ -317,7 +351,16 @@ impl RaftNode {
             .await
             .map_err(|e| StartError::Raft(format!("openraft's start task failed: {e}")))?
             .map_err(|e| StartError::Raft(format!("openraft failed to start: {e}")))?;
-        spawn_helpers(&raft, &cfg.settings, &contact, &state);
+        let election_timeout = cfg.settings.election_timeout();
+        let watched = Watched {
+            raft: raft.clone(),
+            health: health.clone(),
+            channels: channels.clone(),
+            token: peer_token.clone(),
+            election_timeout,
+            hold: election_hold(&raft, &cfg.settings),
+        };
+        spawn_helpers(&raft, &cfg.settings, &contact, &state, watched);
         let (writes, reads) = {
             let _on = handle.enter();
             (
@@ -337,10 +380,9 @@ impl RaftNode {
             channels,
             max_message_bytes: cfg.settings.max_message_bytes,
             heartbeat: std::time::Duration::from_millis(cfg.settings.heartbeat_interval_ms),
-            election_timeout: std::time::Duration::from_millis(
-                cfg.settings.election_timeout_min_ms + cfg.settings.election_timeout_max_ms,
-            ),
+            election_timeout,
             contact,
+            health,
             peer_token,
             server,
             levels: std::sync::Mutex::default(),
@@ -377,7 +419,32 @@ impl RaftNode {
             self.heartbeat,
             self.contact.clone(),
             self.peer_token.clone(),
+            self.health.clone(),
         )
+    }
+
+    /// This node's disk health: free space against the reserve, fdatasync
+    /// latency, and what the node did about them.
+    pub fn health(&self) -> HealthReport {
+        self.health.report()
+    }
+
+    /// Why this node is stalled now (an fdatasync, or its Raft core, stuck
+    /// past the slow threshold): it cannot serve now.
+    pub fn stalled(&self) -> Option<String> {
+        self.health.stalled()
+    }
+
+    /// Returns why, once this node is stalled (see [`RaftNode::stalled`]).
+    pub async fn stalls(&self) -> String {
+        self.health.stalls().await
+    }
+
+    /// Why this node, the leader, refuses client writes now (its disk is
+    /// below the reserve and no healthy voter can take over); `None`: it
+    /// does not.
+    pub fn refusing_writes(&self) -> Option<String> {
+        self.health.refusing_writes()
     }
 
     /// The peer channel cache (also used to forward calls to the leader).
@@ -486,6 +553,24 @@ impl RaftNode {
     /// A receiver of role, leader, vote and membership changes only.
     pub fn server_watch(&self) -> ServerWatch {
         self.raft.server_metrics()
+    }
+
+    /// The leader as this node sees it now: the term of its vote and the
+    /// leader it knows.
+    pub fn leader_view(&self) -> LeaderView {
+        view_of(&self.server.borrow_watched())
+    }
+
+    /// Returns once this node sees another leader than `view` (a new term,
+    /// another leader or none), or Raft stopped: a call waiting on the
+    /// leader of `view` should be sent again.
+    pub async fn leader_moved(&self, view: LeaderView) {
+        let mut rx = self.raft.server_metrics();
+        loop {
+            if view_of(&rx.borrow_watched()) != view || rx.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// The leader as this node knows it: (id, address).

@@ -299,6 +299,10 @@ async fn serve(cfg: ServeConfig) -> ExitCode {
         Ok((_, now)) => tracing::info!("open-file limit {now}"),
         Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
     }
+    if let Err(e) = service::node::check_disk(&cfg) {
+        eprintln!("coordstore serve: {e}");
+        return ExitCode::FAILURE;
+    }
     let node = match service::node::start(cfg.clone()).await {
         Ok(n) => n,
         Err(e) => {
@@ -320,12 +324,15 @@ async fn serve(cfg: ServeConfig) -> ExitCode {
         _ = wait_for_signal() => {}
         why = node.core.node().failed() => {
             // Its Raft core stopped (an entry this build cannot apply, a
-            // disk that fails): a node that cannot apply the log serves
-            // nothing more.
+            // disk that fails): a node that cannot apply or persist the log
+            // serves nothing more, and leaves at once. The process ends
+            // without a graceful stop, which closes every listener and
+            // connection now: calls in flight here fail at once, so their
+            // clients and the nodes forwarding them go to another node (a
+            // drain would answer them with retries for as long as they wait).
             tracing::error!("coordstore node {} stops: {why}", cfg.node_id);
             eprintln!("coordstore serve: node {} stops: {why}", cfg.node_id);
-            node.stop().await;
-            return ExitCode::FAILURE;
+            std::process::exit(1);
         }
     }
     tracing::info!("coordstore node {} stopping", cfg.node_id);

@@ -57,6 +57,36 @@ pub enum ServeError {
     Tls(tonic::transport::Error),
 }
 
+/// Refuses to start on a disk below the reserve (`--disk-reserve-bytes`):
+/// a node that would fill its disk at once should not join the quorum.
+/// The data dir (or the directory that will hold it) is what is measured.
+pub fn check_disk(cfg: &ServeConfig) -> Result<(), String> {
+    let reserve = cfg.raft.disk_reserve_bytes;
+    if reserve == 0 {
+        return Ok(());
+    }
+    let at = cfg
+        .data_dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(std::path::Path::new("."));
+    let free = match storage::health::free_bytes(at) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("cannot read the free space under {}: {e}", at.display());
+            return Ok(());
+        }
+    };
+    if free >= reserve {
+        return Ok(());
+    }
+    Err(format!(
+        "the disk of the data dir {} has {free} bytes free, below the reserve of {reserve} \
+         (--disk-reserve-bytes): free space (or lower the reserve) and start the node again",
+        cfg.data_dir.display()
+    ))
+}
+
 /// A listener on `addr`, if one is asked for.
 async fn bind_optional(
     addr: &Option<String>,
@@ -146,6 +176,7 @@ fn core(cfg: &ServeConfig, node: &Arc<RaftNode>) -> Arc<Core> {
     let parking = Parking::new(node.clone()).with_max_parked_calls(cfg.max_parked_calls);
     let wait = Duration::from_millis(cfg.leader_wait_ms);
     let router = Router::new(leader, wait, cfg.max_message_bytes)
+        .with_forward_attempt(Duration::from_millis(cfg.forward_attempt_ms))
         .with_slow_request(Duration::from_millis(cfg.slow_request_ms));
     log_admins(&cfg.admins);
     Arc::new(Core::new(router, parking, wait).with_admins(cfg.admins.clone()))

@@ -8,6 +8,7 @@
 //! a durable meta write is on stable storage before it returns; truncate and
 //! purge are single atomic batches, durable when they return.
 
+use crate::health::FlushWatch;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -44,6 +45,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Makes every log record written so far durable (metadata written
     /// without `durable` becomes durable with the next durable write).
     fn flush(&self) -> io::Result<()>;
+    /// How the store's durable writes go (the running ones included): a
+    /// store that does not time them has a watch that sees none.
+    fn sync_watch(&self) -> std::sync::Arc<FlushWatch> {
+        std::sync::Arc::default()
+    }
     /// Removes a metadata value (not synced: a later durable write carries it).
     fn meta_remove(&self, key: &str) -> io::Result<()>;
     /// Replaces the snapshot with `meta` (an opaque record) and `data`,
@@ -133,6 +139,8 @@ pub struct DiskBackend {
     /// The journal format recorded (see [`FORMAT_KEY`]); raised under its
     /// lock.
     format: std::sync::Mutex<u32>,
+    /// Its durable writes, timed (the node's health reads them).
+    syncs: std::sync::Arc<FlushWatch>,
 }
 
 /// Directory of the log files.
@@ -173,6 +181,7 @@ impl DiskBackend {
             marker_path: dir.join(MARKER_FILE),
             marker: std::sync::Mutex::new((0, None)),
             format: std::sync::Mutex::new(journal::LEVEL_BASE),
+            syncs: std::sync::Arc::default(),
         };
         backend
             .move_sled_log()
@@ -332,13 +341,13 @@ impl Backend for DiskBackend {
     }
 
     fn log_truncate(&self, from: u64) -> io::Result<()> {
-        self.log.truncate(from)
+        self.syncs.time(|| self.log.truncate(from))
     }
 
     fn log_purge(&self, upto: u64) -> io::Result<()> {
         // The metadata written before it (the log store's purge point) first.
-        self.meta.sync()?;
-        self.log.purge(upto)
+        self.syncs.time(|| self.meta.sync())?;
+        self.syncs.time(|| self.log.purge(upto))
     }
 
     fn meta_get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
@@ -346,11 +355,18 @@ impl Backend for DiskBackend {
     }
 
     fn meta_put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()> {
-        self.meta.put(key, value, durable)
+        match durable {
+            true => self.syncs.time(|| self.meta.put(key, value, true)),
+            false => self.meta.put(key, value, false),
+        }
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.log.sync()
+        self.syncs.time(|| self.log.sync())
+    }
+
+    fn sync_watch(&self) -> std::sync::Arc<FlushWatch> {
+        self.syncs.clone()
     }
 
     fn meta_remove(&self, key: &str) -> io::Result<()> {

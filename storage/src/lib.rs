@@ -16,6 +16,7 @@
 mod backend;
 pub mod backup;
 mod fs;
+pub mod health;
 mod log_store;
 mod meta;
 pub mod metrics;
@@ -28,6 +29,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use backend::{Backend, DiskBackend, Identity, OpenError, SnapshotFill};
+pub use fs::{disk_error, errno_name};
 pub use log_store::LogStore;
 pub use state_machine::{ApplyObserver, SnapshotBuilder, StateHandle, StateMachine};
 pub use types::{

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::backend::Backend;
+use crate::health::FlushWatch;
 use crate::types::{Entry, LogId, NodeId, TypeConfig, Vote};
 
 const VOTE_KEY: &str = "vote";
@@ -200,6 +201,11 @@ impl LogStore {
             committed,
             tail: Arc::default(),
         }
+    }
+
+    /// How the data dir's fdatasyncs go (those running included).
+    pub fn flush_watch(&self) -> Arc<FlushWatch> {
+        self.backend.sync_watch()
     }
 
     fn tail(&self) -> MutexGuard<'_, Tail> {

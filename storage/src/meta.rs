@@ -20,7 +20,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::fs::sync_dir;
+use crate::fs::{disk_error, sync_dir};
+
+/// sled's error `e` as the I/O error under it, when it is one (so its errno
+/// shows), else as a plain one.
+fn sled_io(e: sled::Error) -> io::Error {
+    match e {
+        sled::Error::Io(e) => e,
+        other => io::Error::other(other.to_string()),
+    }
+}
 
 /// How long an open waits for sled's lock on the database to be released.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -34,6 +43,10 @@ pub(crate) struct SledMeta {
     /// sled's blob directory and the blob files already synced.
     blobs_dir: PathBuf,
     synced_blobs: Mutex<HashSet<OsString>>,
+    /// The database's directory (errors name it).
+    dir: PathBuf,
+    /// The first failed sync, for good: never retried (see the log's).
+    failed: Mutex<Option<(io::ErrorKind, String)>>,
 }
 
 impl SledMeta {
@@ -88,6 +101,8 @@ impl SledMeta {
             db_file,
             blobs_dir: dir.join("blobs"),
             synced_blobs: Default::default(),
+            dir: dir.to_path_buf(),
+            failed: Mutex::new(None),
         };
         store
             .sync_files(dir)
@@ -108,13 +123,17 @@ impl SledMeta {
 
     /// Reads a value.
     pub(crate) fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
-        Ok(self.meta.get(key)?.map(|v| v.to_vec()))
+        let got = self.meta.get(key);
+        let got = got.map_err(|e| disk_error("sled read from", &self.dir, sled_io(e)))?;
+        Ok(got.map(|v| v.to_vec()))
     }
 
     /// Writes a value; with `durable` it is on stable storage (with
     /// everything written before it) when this returns.
     pub(crate) fn put(&self, key: &str, value: &[u8], durable: bool) -> io::Result<()> {
-        self.meta.insert(key, value)?;
+        self.meta
+            .insert(key, value)
+            .map_err(|e| disk_error("sled insert into", &self.dir, sled_io(e)))?;
         if durable {
             self.sync()?;
         }
@@ -123,17 +142,36 @@ impl SledMeta {
 
     /// Removes a value (not synced: a later durable write carries it).
     pub(crate) fn remove(&self, key: &str) -> io::Result<()> {
-        self.meta.remove(key)?;
+        self.meta
+            .remove(key)
+            .map_err(|e| disk_error("sled remove from", &self.dir, sled_io(e)))?;
         Ok(())
     }
 
     /// Makes everything sled wrote so far durable: its buffers reach the
     /// files (`flush`), then new blob files, the blob directory and the
     /// database file are synced.
+    /// Once a sync failed, every later one fails with that error, untried.
     pub(crate) fn sync(&self) -> io::Result<()> {
-        self.db.flush()?;
-        self.sync_blobs()?;
-        self.db_file.sync_data()
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((kind, msg)) = failed.as_ref() {
+            let msg = format!("{msg} (a sync of the database failed before; it is not retried)");
+            return Err(io::Error::new(*kind, msg));
+        }
+        let synced = self
+            .db
+            .flush()
+            .map_err(|e| disk_error("sled flush of", &self.dir, sled_io(e)))
+            .and_then(|_| self.sync_blobs())
+            .and_then(|()| {
+                self.db_file
+                    .sync_data()
+                    .map_err(|e| disk_error("fdatasync of", &self.dir.join("db"), e))
+            });
+        if let Err(e) = &synced {
+            *failed = Some((e.kind(), e.to_string()));
+        }
+        synced
     }
 
     /// fsyncs blob files not synced yet, then their directory if any was new.
@@ -151,7 +189,9 @@ impl SledMeta {
             let name = e.file_name();
             if !synced.contains(&name) {
                 match std::fs::File::open(e.path()) {
-                    Ok(f) => f.sync_all()?,
+                    Ok(f) => f
+                        .sync_all()
+                        .map_err(|err| disk_error("fsync of", &e.path(), err))?,
                     // Collected by sled meanwhile.
                     Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                     Err(err) => return Err(err),

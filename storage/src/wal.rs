@@ -23,7 +23,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::fs::sync_dir;
+use crate::fs::{disk_error, sync_dir};
 
 /// A segment is closed once it holds this many bytes.
 const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
@@ -68,8 +68,9 @@ struct Inner {
     segments: VecDeque<Segment>,
     /// Records at or below this index are purged.
     purged: Option<u64>,
-    /// Files written since the last sync (the active one included).
-    unsynced: Vec<Arc<File>>,
+    /// Files written since the last sync (the active one included), with
+    /// the first index of their segment (which names the file).
+    unsynced: Vec<(Arc<File>, u64)>,
     /// Segment files were created or removed since the last sync.
     dir_dirty: bool,
 }
@@ -115,9 +116,9 @@ impl Inner {
         true
     }
 
-    fn mark_written(&mut self, file: &Arc<File>) {
-        if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, file)) {
-            self.unsynced.push(file.clone());
+    fn mark_written(&mut self, file: &Arc<File>, first: u64) {
+        if !self.unsynced.iter().any(|(f, _)| Arc::ptr_eq(f, file)) {
+            self.unsynced.push((file.clone(), first));
         }
     }
 }
@@ -129,6 +130,11 @@ pub(crate) struct Wal {
     segment_bytes: u64,
     /// Bytes allocated ahead at a time; 0 once the file system refused.
     prealloc: std::sync::atomic::AtomicU64,
+    /// The first failed sync, for good: a failed fdatasync is never retried
+    /// (the kernel may have dropped the dirty pages and marked them clean,
+    /// so a later sync that succeeds proves nothing: PostgreSQL's
+    /// "fsyncgate"). Every later sync fails with it.
+    failed: Mutex<Option<(io::ErrorKind, String)>>,
 }
 
 fn corrupt(msg: String) -> io::Error {
@@ -305,6 +311,7 @@ impl Wal {
             inner: Mutex::new(inner),
             segment_bytes,
             prealloc: PREALLOC_BYTES.into(),
+            failed: Mutex::new(None),
         };
         if let Some(upto) = purged {
             // A purge whose segment removal a crash interrupted.
@@ -326,12 +333,14 @@ impl Wal {
     }
 
     fn new_segment(&self, g: &mut Inner, first: u64) -> io::Result<()> {
+        let path = self.dir.join(segment_name(first));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
-            .open(self.dir.join(segment_name(first)))?;
+            .open(&path)
+            .map_err(|e| disk_error("create of", &path, e))?;
         g.segments.push_back(Segment {
             first,
             file: Arc::new(file),
@@ -415,12 +424,13 @@ impl Wal {
             // Forget the records that did not make it.
             let len = seg.len;
             seg.offsets.retain(|&o| o < len);
-            return Err(e);
+            let path = self.dir.join(segment_name(seg.first));
+            return Err(disk_error("write of", &path, e));
         }
         seg.len = end;
         seg.alloc = seg.alloc.max(end);
-        let file = seg.file.clone();
-        g.mark_written(&file);
+        let (file, first) = (seg.file.clone(), seg.first);
+        g.mark_written(&file, first);
         buf.clear();
         Ok(())
     }
@@ -447,30 +457,41 @@ impl Wal {
         }
     }
 
-    /// Makes every record appended so far durable.
+    /// Makes every record appended so far durable. Once a sync failed,
+    /// every later one fails with that error, untried (see `failed`).
     pub(crate) fn sync(&self) -> io::Result<()> {
+        if let Some(e) = self.failed_before() {
+            return Err(e);
+        }
         let (files, dir_dirty) = {
             let mut g = self.lock();
             let dir_dirty = std::mem::take(&mut g.dir_dirty);
             (std::mem::take(&mut g.unsynced), dir_dirty)
         };
-        let synced = files.iter().try_for_each(|f| f.sync_data());
-        let synced = synced.and_then(|()| {
-            if dir_dirty {
-                sync_dir(&self.dir)
-            } else {
-                Ok(())
-            }
+        let synced = files.iter().try_for_each(|(f, first)| {
+            f.sync_data()
+                .map_err(|e| disk_error("fdatasync of", &self.dir.join(segment_name(*first)), e))
         });
-        if synced.is_err() {
-            // Not durable: the next sync tries again.
-            let mut g = self.lock();
-            g.dir_dirty |= dir_dirty;
-            for f in &files {
-                g.mark_written(f);
-            }
+        let synced = synced.and_then(|()| match dir_dirty {
+            true => sync_dir(&self.dir),
+            false => Ok(()),
+        });
+        if let Err(e) = &synced {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            failed.get_or_insert_with(|| (e.kind(), e.to_string()));
         }
         synced
+    }
+
+    /// The error of the first failed sync, if one failed.
+    fn failed_before(&self) -> Option<io::Error> {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.as_ref().map(|(kind, msg)| {
+            io::Error::new(
+                *kind,
+                format!("{msg} (an fdatasync of the log failed before; it is not retried)"),
+            )
+        })
     }
 
     /// Records `from <= index < to`, ascending.
@@ -553,8 +574,8 @@ impl Wal {
                 seg.offsets.truncate((from - seg.first) as usize);
                 seg.len = start;
                 seg.alloc = start;
-                let file = seg.file.clone();
-                g.mark_written(&file);
+                let (file, first) = (seg.file.clone(), seg.first);
+                g.mark_written(&file, first);
             }
             break;
         }

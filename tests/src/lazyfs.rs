@@ -16,6 +16,17 @@
 //! Metadata (create, rename, unlink, mkdir) is durable at once, as a
 //! journalling file system usually makes it within seconds; a created file
 //! whose data was never fsynced comes back empty.
+//!
+//! It also fails the way a sick disk does, switched on and off while it is
+//! mounted (gray failures, [`LazyFs::set_fsync_delay`],
+//! [`LazyFs::fail_fsyncs`], [`LazyFs::limit_space`]): fsyncs answered late
+//! (the kernel holds the file's inode lock meanwhile, so writes to that
+//! file wait too, as on a process stuck on its disk), fsyncs that fail with
+//! an errno (their data is not made durable), and a disk that fills: once
+//! the space left is used, anything that needs new blocks (a write or an
+//! allocation past a file's end, a truncate that grows it) fails with
+//! ENOSPC, while writes over existing blocks still succeed, and `statfs`
+//! reports the space left.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -56,6 +67,34 @@ struct Tables {
     /// Statistics: fsyncs seen, bytes written.
     fsyncs: u64,
     written: u64,
+    /// The faults switched on.
+    faults: Faults,
+}
+
+/// Faults the file system injects (see the module doc).
+#[derive(Default)]
+struct Faults {
+    /// Each fsync is answered after this (on a thread of its own).
+    fsync_delay: Duration,
+    /// The next `count` fsyncs fail with this errno.
+    fail_fsyncs: Option<(i32, u32)>,
+    /// Bytes new blocks may still take; `None`: as the backing disk has.
+    space_left: Option<u64>,
+}
+
+impl Tables {
+    /// Takes `grow` bytes of the space left: ENOSPC when there is not that
+    /// much.
+    fn take_space(&mut self, grow: u64) -> Result<(), Errno> {
+        match &mut self.faults.space_left {
+            Some(left) if *left < grow => Err(Errno::from_i32(libc::ENOSPC)),
+            Some(left) => {
+                *left -= grow;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 struct Fs {
@@ -185,6 +224,27 @@ impl LazyFs {
     /// The backing directory.
     pub fn backing(&self) -> &Path {
         &self.backing
+    }
+
+    /// Answers every fsync `delay` late from now on (zero: at once).
+    pub fn set_fsync_delay(&self, delay: Duration) {
+        lock(&self.tables).faults.fsync_delay = delay;
+    }
+
+    /// Fails the next `count` fsyncs with `errno` (e.g. `libc::EIO`).
+    pub fn fail_fsyncs(&self, errno: i32, count: u32) {
+        lock(&self.tables).faults.fail_fsyncs = Some((errno, count));
+    }
+
+    /// Leaves `bytes` for new blocks from now on (`Some(0)`: the disk is
+    /// full); `None` frees the disk again.
+    pub fn limit_space(&self, bytes: Option<u64>) {
+        lock(&self.tables).faults.space_left = bytes;
+    }
+
+    /// fsyncs seen so far.
+    pub fn fsyncs(&self) -> u64 {
+        lock(&self.tables).fsyncs
     }
 }
 
@@ -417,6 +477,7 @@ impl Filesystem for Fs {
             };
             let mut t = lock(&self.tables);
             let len = io!(reply, f.metadata()).len();
+            tri!(reply, t.take_space(size.saturating_sub(len)));
             io!(reply, Fs::touch_len(&mut t, ino.0, &f));
             if size < len {
                 io!(reply, Fs::save_pages(&mut t, ino.0, &f, size, len));
@@ -540,6 +601,11 @@ impl Filesystem for Fs {
     ) {
         let (ino, f) = tri!(reply, self.handle(fh));
         let mut t = lock(&self.tables);
+        let len = io!(reply, f.metadata()).len();
+        tri!(
+            reply,
+            t.take_space((offset + data.len() as u64).saturating_sub(len))
+        );
         io!(reply, Fs::touch_len(&mut t, ino, &f));
         io!(
             reply,
@@ -572,6 +638,9 @@ impl Filesystem for Fs {
             return reply.error(Errno::from_i32(libc::EFBIG));
         };
         let mut t = lock(&self.tables);
+        let len = io!(reply, f.metadata()).len();
+        let end = (offset + length) as u64;
+        tri!(reply, t.take_space(end.saturating_sub(len)));
         io!(reply, Fs::touch_len(&mut t, ino, &f));
         use std::os::fd::AsRawFd;
         // SAFETY: a plain syscall on the backing file this handle owns.
@@ -617,9 +686,25 @@ impl Filesystem for Fs {
         // Durable now. (The backing file system is not losing power, so its
         // own fsync is not needed to model this one.)
         let mut t = lock(&self.tables);
-        t.dirty.remove(&ino.0);
         t.fsyncs += 1;
-        reply.ok();
+        if let Some((errno, count)) = t.faults.fail_fsyncs {
+            t.faults.fail_fsyncs = (count > 1).then_some((errno, count - 1));
+            return reply.error(Errno::from_i32(errno));
+        }
+        let delay = t.faults.fsync_delay;
+        if delay.is_zero() {
+            t.dirty.remove(&ino.0);
+            return reply.ok();
+        }
+        drop(t);
+        // Answered late, from a thread of its own: the file system serves
+        // other requests meanwhile.
+        let tables = self.tables.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            lock(&tables).dirty.remove(&ino.0);
+            reply.ok();
+        });
     }
 
     fn readdir(
@@ -675,10 +760,16 @@ impl Filesystem for Fs {
         if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
             return reply.error(errno(&io::Error::last_os_error()));
         }
+        // A limited disk reports the space left.
+        let (mut bfree, mut bavail) = (s.f_bfree, s.f_bavail);
+        if let Some(left) = lock(&self.tables).faults.space_left {
+            let blocks = left / (s.f_frsize.max(1) as u64);
+            (bfree, bavail) = (bfree.min(blocks), bavail.min(blocks));
+        }
         reply.statfs(
             s.f_blocks,
-            s.f_bfree,
-            s.f_bavail,
+            bfree,
+            bavail,
             s.f_files,
             s.f_ffree,
             s.f_bsize as u32,
@@ -822,6 +913,49 @@ mod tests {
         want.resize(3 * PAGE as usize, 0);
         assert_eq!(std::fs::read(b.join("seg")).unwrap(), want);
         assert_eq!(std::fs::read(b.join("unsynced")).unwrap(), b"kept");
+    }
+
+    #[test]
+    fn a_full_disk_refuses_new_blocks_but_not_overwrites_and_frees_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = mount(dir.path());
+        let p = fs.path().join("f");
+        std::fs::write(&p, vec![1u8; 8192]).unwrap();
+        fs.limit_space(Some(4096));
+        let avail = storage::health::free_bytes(fs.path()).unwrap();
+        assert!(avail <= 4096, "statfs reports the space left: {avail}");
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all_at(&[2u8; 4096], 8192).expect("4096 bytes fit");
+        let e = f.write_all_at(&[3u8; 10], 12_288).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        f.write_all_at(&[4u8; 100], 0)
+            .expect("an overwrite needs no new block");
+        fs.limit_space(None);
+        f.write_all_at(&[5u8; 10], 12_288).expect("space freed");
+    }
+
+    #[test]
+    fn failing_and_late_fsyncs_are_what_was_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = mount(dir.path());
+        let f = File::create(fs.path().join("f")).unwrap();
+        fs.fail_fsyncs(libc::EIO, 1);
+        let e = f.sync_data().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        f.sync_data().expect("only the next one failed");
+        fs.set_fsync_delay(Duration::from_millis(300));
+        let t0 = std::time::Instant::now();
+        // Another file's write goes on while the fsync waits.
+        let other = fs.path().join("g");
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let t = std::time::Instant::now();
+            std::fs::write(other, b"x").unwrap();
+            t.elapsed()
+        });
+        f.sync_data().unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        assert!(writer.join().unwrap() < Duration::from_millis(250));
     }
 
     #[test]

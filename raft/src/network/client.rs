@@ -92,6 +92,7 @@ pub(crate) enum Method {
     Append,
     Vote,
     Snapshot,
+    TransferLeader,
 }
 
 #[derive(Debug)]
@@ -140,6 +141,7 @@ impl PeerConnection {
             Method::Append => client.append_entries(request).await,
             Method::Vote => client.vote(request).await,
             Method::Snapshot => client.install_snapshot(request).await,
+            Method::TransferLeader => client.transfer_leader(request).await,
         };
         let reply = reply.map_err(|s| status_error(&s))?;
         let result: Result<Resp, E> = bincode::deserialize(&reply.into_inner().data)
@@ -337,6 +339,17 @@ impl RaftNetworkV2<TypeConfig> for PeerConnection {
         Ok(resp)
     }
 
+    /// Asks the peer to let the named voter take over (a build without the
+    /// call answers UNIMPLEMENTED: the others then wait out the lease).
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call::<_, _, Fatal<TypeConfig>>(Method::TransferLeader, &req, option.hard_ttl())
+            .await
+    }
+
     /// The whole snapshot in one message (the message limit is the node's
     /// `max_message_bytes`), abandoned when replication closes.
     async fn full_snapshot(
@@ -356,6 +369,22 @@ impl RaftNetworkV2<TypeConfig> for PeerConnection {
             closed = cancel => Err(StreamingError::Closed(closed)),
             r = send => r.map_err(StreamingError::from),
         }
+    }
+}
+
+/// Whether the peer at `ch` is fit to lead (its disk has no problem); a
+/// build that does not know the question counts as fit. `Err`: it did not
+/// answer within `wait`.
+pub async fn ask_health(ch: Channel, token: &PeerToken, wait: Duration) -> Result<bool, String> {
+    let mut req = Request::new(HealthRequest {});
+    req.set_timeout(wait);
+    token.attach(&mut req);
+    let mut client = RaftPeerClient::new(ch);
+    match tokio::time::timeout(wait, client.health(req)).await {
+        Ok(Ok(reply)) => Ok(reply.into_inner().problem.is_empty()),
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Ok(true),
+        Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), s.message())),
+        Err(_) => Err(format!("no answer within {} ms", wait.as_millis())),
     }
 }
 

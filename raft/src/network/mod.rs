@@ -24,18 +24,21 @@ use openraft::network::{
 };
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendError,
-    StreamAppendResult, VoteRequest, VoteResponse,
+    StreamAppendResult, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::type_config::async_runtime::WatchReceiver;
 use openraft::OptionalSend;
 use proto::coordstore::raft_peer_client::RaftPeerClient;
 use proto::coordstore::raft_peer_server::{RaftPeer, RaftPeerServer};
-use proto::coordstore::{AppendFrame, FeatureLevelRequest, FeatureLevelResponse, RaftPayload};
+use proto::coordstore::{
+    AppendFrame, DiskHealth, FeatureLevelRequest, FeatureLevelResponse, HealthRequest, RaftPayload,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use storage::{Node, NodeId, Snapshot, SnapshotData, SnapshotMeta, StateMachine, TypeConfig, Vote};
 
 use crate::contact::{Contact, QUORUM_AGE_HEADER};
+use crate::health::Health;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -45,7 +48,7 @@ mod server;
 mod token;
 
 pub use channels::Channels;
-pub use client::{ask_feature_level, PeerNetwork};
+pub use client::{ask_feature_level, ask_health, PeerNetwork};
 pub use server::PeerService;
 pub use token::{PeerToken, PEER_CLUSTER_HEADER, PEER_TOKEN_HEADER};
 
@@ -127,6 +130,15 @@ mod tests {
         ) -> Result<Response<AnswerStream>, Status> {
             Err(Status::unimplemented("not in this build"))
         }
+        async fn transfer_leader(
+            &self,
+            _: Request<RaftPayload>,
+        ) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not in this build"))
+        }
+        async fn health(&self, _: Request<HealthRequest>) -> Result<Response<DiskHealth>, Status> {
+            Err(Status::unimplemented("not in this build"))
+        }
         async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
             Err(Status::unimplemented("not used"))
         }
@@ -151,6 +163,32 @@ mod tests {
             leader_commit: None,
             entries: vec![],
         }
+    }
+
+    /// A peer of a build before gray-failure handling does not know the
+    /// health question: it counts as fit to lead; a peer that does not
+    /// answer is not.
+    #[tokio::test]
+    async fn a_peer_that_does_not_know_the_health_question_counts_as_fit() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftPeerServer::new(OldPeer {
+                    appends: Arc::default(),
+                }))
+                .serve_with_incoming(tokio_stream_of(listener)),
+        );
+        let ch = Channels::new().get(2, &addr).unwrap();
+        let wait = Duration::from_secs(5);
+        assert_eq!(ask_health(ch, &PeerToken::default(), wait).await, Ok(true));
+        server.abort();
+        let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = gone.local_addr().unwrap().to_string();
+        drop(gone);
+        let ch = Channels::new().get(3, &addr).unwrap();
+        let short = Duration::from_millis(500);
+        assert!(ask_health(ch, &PeerToken::default(), short).await.is_err());
     }
 
     /// Against a peer without AppendStream the first stream fails with
@@ -214,6 +252,15 @@ mod tests {
             // Reads (and holds) the request side for as long as it lasts.
             tokio::spawn(async move { while let Ok(Some(_)) = frames.message().await {} });
             Ok(Response::new(Box::pin(stream::pending())))
+        }
+        async fn transfer_leader(
+            &self,
+            _: Request<RaftPayload>,
+        ) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not in this build"))
+        }
+        async fn health(&self, _: Request<HealthRequest>) -> Result<Response<DiskHealth>, Status> {
+            Err(Status::unimplemented("not in this build"))
         }
         async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
             Err(Status::unimplemented("not used"))

@@ -12,6 +12,9 @@ pub struct PeerService {
     last_append: Arc<Mutex<Option<Instant>>>,
     /// How long without one before this node counts the leader as silent.
     silent_after: Duration,
+    /// The disk's health (what [`RaftPeer::health`] answers; an unhealthy
+    /// node does not campaign after a refusal either).
+    health: Arc<Health>,
 }
 
 impl PeerService {
@@ -24,6 +27,7 @@ impl PeerService {
         heartbeat: Duration,
         contact: Arc<Contact>,
         token: PeerToken,
+        health: Arc<Health>,
     ) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
             raft,
@@ -31,6 +35,7 @@ impl PeerService {
             token,
             last_append: Arc::default(),
             silent_after: 3 * heartbeat,
+            health,
         })
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes)
@@ -187,7 +192,8 @@ impl RaftPeer for PeerService {
         let asked = rpc.clone();
         let reply = self.raft.vote(rpc).await;
         if let Ok(resp) = &reply {
-            if campaign_after_refusal(&asked, resp, self.leader_silent()) {
+            let silent = self.leader_silent();
+            if campaign_after_refusal(&asked, resp, silent) && self.health.may_campaign() {
                 tracing::info!(
                     candidate = %asked.vote,
                     "refused a candidate with an older log and no leader heard for {:?}: campaigning",
@@ -220,5 +226,19 @@ impl RaftPeer for PeerService {
         Ok(Response::new(FeatureLevelResponse {
             level: journal::FEATURE_LEVEL,
         }))
+    }
+
+    async fn transfer_leader(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        self.token.check(&req)?;
+        let rpc: TransferLeaderRequest<TypeConfig> = decode(req)?;
+        encode(&self.raft.handle_transfer_leader(rpc).await)
+    }
+
+    async fn health(&self, req: Request<HealthRequest>) -> Result<Response<DiskHealth>, Status> {
+        self.token.check(&req)?;
+        Ok(Response::new(self.health.report().to_proto()))
     }
 }

@@ -113,8 +113,10 @@ impl Store {
     }
 
     /// The call of request `seq` of connection `connection` in namespace
-    /// `namespace`: its origin is the connection's session.
-    pub fn call(&self, namespace: &str, connection: u64, seq: u64) -> Call {
+    /// `namespace`: its origin is the connection's session. A `relayed`
+    /// connection's relay sends a request again to another node when this
+    /// one cannot serve it; a stock client on its own never does.
+    pub fn call(&self, namespace: &str, connection: u64, seq: u64, relayed: bool) -> Call {
         Call::new(CallContext {
             namespace: Some(namespace.to_string()),
             origin: Some(Origin {
@@ -122,6 +124,7 @@ impl Store {
                 seq,
                 done_below: seq,
             }),
+            retried_elsewhere: relayed,
             ..Default::default()
         })
     }

@@ -83,6 +83,11 @@ pub struct ServeOptions {
     /// How long a call keeps looking for a leader before UNAVAILABLE [default: 30000]
     #[arg(long)]
     pub leader_wait_ms: Option<u64>,
+    /// How long one forward of a call waits on the leader before the call
+    /// is sent again to the leader this node then knows (a leader change
+    /// re-sends it at once) [default: 2000]
+    #[arg(long)]
+    pub forward_attempt_ms: Option<u64>,
     /// Most client calls parked on this node at once (blocking gets,
     /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 400000]
     #[arg(long)]
@@ -188,6 +193,17 @@ pub struct RaftOptions {
     /// A follower that hears no leader for this long to 1.5× campaigns [default: 1000]
     #[arg(long)]
     pub election_timeout_ms: Option<u64>,
+    /// Free bytes kept under the data dir: below it the node hands
+    /// leadership to a healthy voter and does not campaign, a leader no
+    /// voter can replace refuses client writes, and a node does not start;
+    /// 0 = no reserve [default: 67108864]
+    #[arg(long)]
+    pub disk_reserve_bytes: Option<u64>,
+    /// A log fdatasync slower than this (99th percentile over 10 s, a
+    /// running one at its age) makes the node hand leadership to a healthy
+    /// voter and not campaign; 0 = not watched [default: 1000]
+    #[arg(long)]
+    pub slow_fsync_ms: Option<u64>,
 }
 layered!(RaftOptions {
     snapshot_every,
@@ -196,7 +212,9 @@ layered!(RaftOptions {
     max_inflight_batches,
     raft_threads,
     raft_heartbeat_ms,
-    election_timeout_ms
+    election_timeout_ms,
+    disk_reserve_bytes,
+    slow_fsync_ms
 });
 
 /// Who may talk to the node: the peer token, TLS on both ports, admins.
@@ -320,6 +338,8 @@ pub struct ServeConfig {
     pub raft: raft::RaftSettings,
     /// Leader wait of forwarded calls.
     pub leader_wait_ms: u64,
+    /// Longest wait of one forward on one leader.
+    pub forward_attempt_ms: u64,
     /// Peer address overrides.
     pub peer_overrides: std::collections::HashMap<u64, String>,
     /// Join instead of bootstrapping.
@@ -450,6 +470,7 @@ impl ServeOptions {
             cache_bytes,
             worker_threads,
             leader_wait_ms,
+            forward_attempt_ms,
             max_parked_calls,
             metrics_listen,
             log_format,
@@ -493,6 +514,10 @@ impl ServeOptions {
             cache_bytes: self.cache_bytes.unwrap_or(storage::DEFAULT_CACHE_BYTES),
             raft,
             leader_wait_ms: self.leader_wait_ms.unwrap_or(30_000),
+            forward_attempt_ms: self
+                .forward_attempt_ms
+                .unwrap_or(crate::core::router::DEFAULT_FORWARD_ATTEMPT_MS)
+                .max(1),
             peer_overrides: peer_overrides(self.peer_address.as_deref())?,
             join: self.join.unwrap_or(false),
             tf_addresses,
@@ -639,6 +664,12 @@ impl RaftOptions {
         }
         if let Some(v) = self.election_timeout_ms {
             raft = raft.with_election_timeout(v);
+        }
+        if let Some(v) = self.disk_reserve_bytes {
+            raft.disk_reserve_bytes = v;
+        }
+        if let Some(v) = self.slow_fsync_ms {
+            raft.slow_fsync_ms = v;
         }
         raft
     }
@@ -797,6 +828,24 @@ mod tests {
         assert_eq!(c.cluster.len(), 1);
         assert_eq!(c.data_dir, PathBuf::from("coordstore-data"));
         assert_eq!(c.coordination.jobs[0].name, "jax_worker");
+    }
+
+    #[test]
+    fn the_gray_failure_settings_have_defaults_a_file_and_flags() {
+        let c = opts().resolve().unwrap();
+        assert_eq!(c.raft.disk_reserve_bytes, 64 << 20);
+        assert_eq!(c.raft.slow_fsync_ms, 1000);
+        assert_eq!(c.forward_attempt_ms, 2000);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "disk_reserve_bytes = 0\nslow_fsync_ms = 250\n").unwrap();
+        let mut o = opts();
+        o.config = Some(file);
+        o.forward_attempt_ms = Some(0);
+        let c = o.resolve().unwrap();
+        assert_eq!((c.raft.disk_reserve_bytes, c.raft.slow_fsync_ms), (0, 250));
+        // A forward needs some time: at least 1 ms.
+        assert_eq!(c.forward_attempt_ms, 1);
     }
 
     #[test]

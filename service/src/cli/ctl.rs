@@ -715,6 +715,7 @@ async fn status_json(c: &mut NodeClient<Channel>) -> anyhow::Result<Value> {
         "namespaces": s.namespaces,
         "feature_level": s.feature_level,
         "cluster_feature_level": s.cluster_feature_level,
+        "disk": s.disk.map(|d| crate::ops::disk_json(&d)),
     }))
 }
 

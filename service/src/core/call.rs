@@ -76,6 +76,12 @@ pub struct CallContext {
     /// It arrived on the peer port: the node that took it from its client
     /// admitted it.
     pub from_peer: bool,
+    /// Its client sends it again to another node when this one answers
+    /// UNAVAILABLE: it brought its own exactly-once origin (the relay, the
+    /// agents) or another node forwarded it. A node that cannot serve now
+    /// (its disk or Raft core stalled) fails such a call at once instead of
+    /// holding it.
+    pub retried_elsewhere: bool,
 }
 
 /// One call's context (cloned for each attempt of a call retried on the
@@ -96,6 +102,8 @@ pub struct Call {
     client_names: OnceLock<Option<Vec<String>>>,
     /// Arrived on the peer port.
     from_peer: bool,
+    /// See [`CallContext::retried_elsewhere`].
+    retried_elsewhere: bool,
 }
 
 impl Call {
@@ -115,7 +123,14 @@ impl Call {
             peer_certs: ctx.peer_certs,
             client_names: OnceLock::new(),
             from_peer: ctx.from_peer,
+            retried_elsewhere: ctx.retried_elsewhere,
         }
+    }
+
+    /// Whether its client sends it to another node when this one answers
+    /// UNAVAILABLE (see [`CallContext::retried_elsewhere`]).
+    pub fn retried_elsewhere(&self) -> bool {
+        self.retried_elsewhere
     }
 
     /// A call this node makes itself (a tool, a test): no origin, not

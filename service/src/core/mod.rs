@@ -177,8 +177,29 @@ impl Core {
     /// applied up to the leader's index). Returns the applied index.
     pub async fn linearizable(&self, call: &Call) -> Result<u64, Status> {
         let index = self.router.read_index(call).await?;
-        self.parking.wait_applied(index).await?;
+        self.unless_stalled(call, self.parking.wait_applied(index))
+            .await?;
         Ok(self.parking.applied_index())
+    }
+
+    /// Runs `wait` for `call`; a call whose client goes to another node
+    /// when told ([`Call::retried_elsewhere`]) ends UNAVAILABLE at once
+    /// when this node stalls (its disk or its Raft core stuck: it cannot
+    /// serve now), so the client re-issues it at a healthy node. Other
+    /// calls wait: an error would end a stock client's job.
+    pub async fn unless_stalled<T>(
+        &self,
+        call: &Call,
+        wait: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        if !call.retried_elsewhere() {
+            return wait.await;
+        }
+        tokio::select! {
+            biased;
+            r = wait => r,
+            why = self.node().stalls() => Err(stalled(self.node().id(), &why)),
+        }
     }
 
     /// Parks `call` until `wait` answers (see [`Parking::park`]), from log
@@ -199,7 +220,8 @@ impl Core {
             (Some(d), Some(c)) => Some(d.min(c)),
             (d, c) => d.or(c),
         };
-        let parked = self.parking.park(ns, index, epoch, wait, first).await?;
+        let parked = self.parking.park(ns, index, epoch, wait, first);
+        let parked = self.unless_stalled(call, parked).await?;
         let callers_first = callers.is_some_and(|c| deadline.is_none_or(|d| c < d));
         if parked.is_none() && callers_first {
             return Err(Status::deadline_exceeded(
@@ -208,6 +230,13 @@ impl Core {
         }
         Ok(parked)
     }
+}
+
+/// UNAVAILABLE for a call on node `id`, stalled for `why`.
+pub fn stalled(id: u64, why: &str) -> Status {
+    Status::unavailable(format!(
+        "node {id} cannot serve now ({why}): ask another node"
+    ))
 }
 
 /// NOT_FOUND naming the call's namespace.

@@ -7,6 +7,14 @@
 //! (`proto::origin::Lanes`), which declares the lane's previous call done,
 //! so the replicated state holds one outcome per call in flight here,
 //! whatever the traffic.
+//!
+//! A forward never waits on one leader for long (a leader that hangs, lost
+//! its quorum or stopped is a gray failure, not a crash: its connections
+//! stay open): an attempt ends as soon as this node's own Raft view names
+//! another leader or term, or after the forward attempt
+//! (`--forward-attempt-ms`) for the calls a healthy leader answers at once,
+//! and the call goes to the leader this node then knows. A client on a
+//! follower therefore waits for an election and one attempt at most.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,7 +26,7 @@ use prost::Message;
 use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::{ProposeRequest, ReadIndexRequest};
 use proto::origin::Lanes;
-use raft::{Applied, RaftNode};
+use raft::{Applied, LeaderView, RaftNode};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -32,6 +40,22 @@ pub const FORWARDED: &str = "x-coordstore-forwarded";
 
 /// Pause between attempts while no leader is reachable.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// The default forward attempt (`--forward-attempt-ms`): a healthy leader
+/// answers a proposal or a read index in milliseconds, an election here
+/// takes one to two seconds.
+pub const DEFAULT_FORWARD_ATTEMPT_MS: u64 = 2000;
+
+/// How long one attempt of a call may wait on one leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// At most the forward attempt: what a healthy leader answers at once
+    /// (proposals, read indexes, heartbeats, the dialects' calls).
+    Short,
+    /// The whole leader wait: calls that take long on a healthy leader
+    /// (a state snapshot, a membership change, a namespace's lifecycle).
+    Whole,
+}
 
 /// Calls this node forwards to the leader at once; more wait here for a
 /// slot. All of them share one HTTP/2 connection, and the leader's h2 server
@@ -63,13 +87,14 @@ struct ReadRounds {
 struct ReadQueue {
     /// A round is out (its task takes the next batch when it returns).
     asking: bool,
-    /// The leader as the newest waiting read found it.
-    leader: Option<Channel>,
+    /// The leader as the newest waiting read found it, and the view it was
+    /// found in.
+    leader: Option<(Channel, LeaderView)>,
     waiting: Vec<tokio::sync::oneshot::Sender<Result<u64, Status>>>,
 }
 
 type ReadBatch = (
-    Channel,
+    (Channel, LeaderView),
     Vec<tokio::sync::oneshot::Sender<Result<u64, Status>>>,
 );
 
@@ -98,8 +123,9 @@ impl ReadRounds {
 pub enum Route {
     /// Here: this node is the leader.
     Local,
-    /// At the leader, through this channel to it.
-    Remote(Channel),
+    /// At the leader, through this channel to it, as this node's view
+    /// names it.
+    Remote(Channel, LeaderView),
 }
 
 /// What the router records of the proposals made through it (the
@@ -141,6 +167,7 @@ pub struct Router {
     forwards: tokio::sync::Semaphore,
     reads: Arc<ReadRounds>,
     leader_wait: Duration,
+    attempt: Duration,
     max_message_bytes: usize,
     metrics: ProposalMetrics,
     slow: Duration,
@@ -156,10 +183,18 @@ impl Router {
             forwards: tokio::sync::Semaphore::new(FORWARDS_IN_FLIGHT),
             reads: Arc::default(),
             leader_wait,
+            attempt: Duration::from_millis(DEFAULT_FORWARD_ATTEMPT_MS),
             max_message_bytes,
             metrics: ProposalMetrics::default(),
             slow: Duration::from_secs(1),
         }
+    }
+
+    /// The same router ending a short attempt on one leader after `attempt`
+    /// (see [`Attempt`]).
+    pub fn with_forward_attempt(mut self, attempt: Duration) -> Self {
+        self.attempt = attempt;
+        self
     }
 
     /// The same router logging each proposal slower than `slow`.
@@ -199,14 +234,15 @@ impl Router {
             return Ok(Route::Local);
         }
         let node = self.node();
-        let Some((id, addr)) = node.leader() else {
+        let view = node.leader_view();
+        let (Some(id), Some((known, addr))) = (view.leader, node.leader()) else {
             return Err(Retry("no leader is known".into()));
         };
-        if id == node.id() {
+        if id == node.id() || id != known {
             return Err(Retry("leadership is changing".into()));
         }
         let ch = node.channels().get(id, &addr).map_err(Retry)?;
-        Ok(Route::Remote(ch))
+        Ok(Route::Remote(ch, view))
     }
 
     /// A Node API client on `ch`, with this node's message limits.
@@ -217,9 +253,11 @@ impl Router {
     /// Runs `local` on the leader or `remote` over a channel to it,
     /// retrying across leader changes until the leader wait runs out. No
     /// attempt outlives the wait: a forward to a leader that hangs ends as
-    /// UNAVAILABLE, never as the caller's deadline. A forwarded call is not
-    /// forwarded again: on a node that is not the leader it answers
-    /// UNAVAILABLE.
+    /// UNAVAILABLE, never as the caller's deadline. A forward ends as soon
+    /// as this node sees another leader or term, and after the forward
+    /// attempt ([`Attempt::Short`]), and goes to the leader this node then
+    /// knows. A forwarded call is not forwarded again: on a node that is
+    /// not the leader it answers UNAVAILABLE.
     pub async fn on_leader<T, L, LF, R, RF>(
         &self,
         call: &Call,
@@ -232,7 +270,28 @@ impl Router {
         R: FnMut(Channel) -> RF,
         RF: Future<Output = CallResult<T>>,
     {
-        self.on_leader_with(call, true, local, remote).await
+        self.on_leader_with(call, (true, Attempt::Short), local, remote)
+            .await
+    }
+
+    /// [`Router::on_leader`] with each forward waiting as `attempt` says
+    /// ([`Attempt::Whole`]: a call that takes long on a healthy leader ends
+    /// a forward on a leader change only).
+    pub async fn on_leader_as<T, L, LF, R, RF>(
+        &self,
+        call: &Call,
+        attempt: Attempt,
+        local: L,
+        remote: R,
+    ) -> CallResult<T>
+    where
+        L: FnMut() -> LF,
+        LF: Future<Output = CallResult<T>>,
+        R: FnMut(Channel) -> RF,
+        RF: Future<Output = CallResult<T>>,
+    {
+        self.on_leader_with(call, (true, attempt), local, remote)
+            .await
     }
 
     /// `call` with an origin, so that every attempt of it, here or
@@ -245,11 +304,12 @@ impl Router {
 
     /// [`Router::on_leader`]; a `bounded` forward takes one of the
     /// [`FORWARDS_IN_FLIGHT`] slots while it is out (a read joining a
-    /// [`ReadRounds`] round sends nothing of its own).
+    /// [`ReadRounds`] round sends nothing of its own); each forward waits
+    /// on its leader as `attempt` says.
     async fn on_leader_with<T, L, LF, R, RF>(
         &self,
         call: &Call,
-        bounded: bool,
+        (bounded, attempt): (bool, Attempt),
         mut local: L,
         mut remote: R,
     ) -> CallResult<T>
@@ -263,44 +323,98 @@ impl Router {
         debug_assert!(!callers || call.deadline() == Some(deadline));
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let why = match self.route() {
+            let (why, moved) = match self.route() {
                 // An attempt never outlives the leader wait (a leader cut off
                 // from its quorum would hold it forever); the retry after it
                 // is exactly-once by origin.
-                Ok(Route::Local) => match tokio::time::timeout(left, local()).await {
-                    Ok(Err(CallError::Retry(why))) => why,
-                    Ok(answer) => return answer,
-                    Err(_) => "the leader did not commit in time".to_string(),
-                },
-                Ok(Route::Remote(_)) | Err(_) if call.forwarded() => {
+                Ok(Route::Local) => {
+                    match tokio::time::timeout(left, self.local(call, local())).await {
+                        Ok(Err(CallError::Retry(why))) => (why, false),
+                        Ok(answer) => return answer,
+                        Err(_) => ("the leader did not commit in time".to_string(), false),
+                    }
+                }
+                Ok(Route::Remote(..)) | Err(_) if call.forwarded() => {
                     return Err(Status::unavailable(format!(
                         "node {} is not the leader",
                         self.node().id()
                     ))
                     .into())
                 }
-                Ok(Route::Remote(ch)) => match tokio::time::timeout(left, async {
-                    let _slot = match bounded {
-                        true => Some(self.forwards.acquire().await),
-                        false => None,
+                Ok(Route::Remote(ch, view)) => {
+                    let limit = match attempt {
+                        Attempt::Short => self.attempt.min(left),
+                        Attempt::Whole => left,
                     };
-                    remote(ch).await
-                })
-                .await
-                {
-                    Ok(Err(CallError::Status(s))) if retryable(&s) => {
-                        format!("forwarding failed: {}", s.message())
+                    let sent = async {
+                        let _slot = match bounded {
+                            true => Some(self.forwards.acquire().await),
+                            false => None,
+                        };
+                        remote(ch).await
+                    };
+                    match self.forward_once(view, limit, sent).await {
+                        Ok(answer) => return answer,
+                        Err(gone) => gone,
                     }
-                    Ok(Err(CallError::Retry(why))) => why,
-                    Ok(answer) => return answer,
-                    Err(_) => "the leader did not answer in time".to_string(),
-                },
-                Err(Retry(why)) => why,
+                }
+                Err(Retry(why)) => (why, false),
             };
             if Instant::now() >= deadline {
                 return Err(self.gave_up(callers, &why).into());
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
+            if !moved {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+
+    /// `here`, the call run on this node as the leader; a call whose client
+    /// goes elsewhere when told ends UNAVAILABLE once this node stalls
+    /// (see [`super::Core::unless_stalled`]).
+    async fn local<T>(
+        &self,
+        call: &Call,
+        here: impl Future<Output = CallResult<T>>,
+    ) -> CallResult<T> {
+        if !call.retried_elsewhere() {
+            return here.await;
+        }
+        tokio::select! {
+            biased;
+            r = here => r,
+            why = self.node().stalls() => Err(super::stalled(self.node().id(), &why).into()),
+        }
+    }
+
+    /// One forward, `sent`, to the leader of `view`: its answer, or why the
+    /// call should go again (and whether the leader moved, when it should go
+    /// at once). It ends when this node sees another leader or term, and
+    /// after `limit`.
+    async fn forward_once<T>(
+        &self,
+        view: LeaderView,
+        limit: Duration,
+        sent: impl Future<Output = CallResult<T>>,
+    ) -> Result<CallResult<T>, (String, bool)> {
+        let leader = view.leader.unwrap_or_default();
+        tokio::select! {
+            biased;
+            answer = tokio::time::timeout(limit, sent) => match answer {
+                Ok(Err(CallError::Status(s))) if retryable(&s) => {
+                    Err((format!("forwarding to node {leader} failed: {}", s.message()), false))
+                }
+                Ok(Err(CallError::Retry(why))) => Err((why, false)),
+                Ok(answer) => Ok(answer),
+                Err(_) => Err((
+                    format!("the leader (node {leader}) did not answer within {} ms", limit.as_millis()),
+                    false,
+                )),
+            },
+            () = self.node().leader_moved(view) => Err((
+                format!("node {leader} stopped leading (term {}) while it had the call", view.term),
+                true,
+            )),
         }
     }
 
@@ -348,7 +462,14 @@ impl Router {
         let r = self
             .on_leader(
                 call,
-                || async { Ok(self.leader.propose(u).await?) },
+                || async {
+                    // A leader whose disk is below its reserve, with no
+                    // healthy voter to take over, takes no client writes.
+                    if let Some(why) = self.node().refusing_writes() {
+                        return Err(Status::resource_exhausted(why).into());
+                    }
+                    Ok(self.leader.propose(u).await?)
+                },
                 |ch| {
                     // Encoded for a forward only: the leader proposes `u` itself.
                     let req = forward(
@@ -398,7 +519,7 @@ impl Router {
     pub async fn read_index(&self, call: &Call) -> Result<u64, Status> {
         self.on_leader_with(
             call,
-            false,
+            (false, Attempt::Short),
             || async { Ok(self.leader.read_barrier().await?) },
             |ch| async move { Ok(self.forwarded_read(ch).await?) },
         )
@@ -406,27 +527,36 @@ impl Router {
         .map_err(CallError::into_plain_status)
     }
 
-    /// A read index from the leader at `ch`, asked after this call: the
-    /// next [`ReadRounds`] round's.
+    /// A read index from the leader at `ch` (the leader this node sees
+    /// now), asked after this call: the next [`ReadRounds`] round's. A
+    /// round ends as a forward does (a leader change, the forward attempt),
+    /// so a leader that hangs holds no read for longer.
     async fn forwarded_read(&self, ch: Channel) -> Result<u64, Status> {
+        let view = self.node().leader_view();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let start = {
             let mut q = self.reads.lock();
             q.waiting.push(tx);
-            q.leader = Some(ch);
+            q.leader = Some((ch, view));
             !std::mem::replace(&mut q.asking, true)
         };
         if start {
             let rounds = self.reads.clone();
             let max = self.max_message_bytes;
-            let wait = self.leader_wait;
+            let (wait, node) = (self.attempt.min(self.leader_wait), self.node().clone());
             tokio::spawn(async move {
-                while let Some((ch, batch)) = rounds.next_batch() {
+                while let Some(((ch, view), batch)) = rounds.next_batch() {
                     let mut c = node_client(ch, max);
                     let asked = c.read_index(forwarded(ReadIndexRequest {}));
-                    let r = match tokio::time::timeout(wait, asked).await {
-                        Ok(r) => r.map(|r| r.into_inner().index),
-                        Err(_) => Err(Status::unavailable("the leader did not answer in time")),
+                    let r = tokio::select! {
+                        biased;
+                        r = tokio::time::timeout(wait, asked) => match r {
+                            Ok(r) => r.map(|r| r.into_inner().index),
+                            Err(_) => Err(Status::unavailable("the leader did not answer in time")),
+                        },
+                        () = node.leader_moved(view) => {
+                            Err(Status::unavailable("the leader changed during the read round"))
+                        }
                     };
                     for tx in batch {
                         let _ = tx.send(r.clone());

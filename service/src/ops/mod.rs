@@ -30,6 +30,23 @@ pub async fn ready(core: &Core) -> Result<u64, String> {
     }
 }
 
+/// A node's disk health as `ctl status` and the status page show it.
+pub fn disk_json(d: &proto::coordstore::DiskHealth) -> serde_json::Value {
+    let text = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    serde_json::json!({
+        "free_bytes": d.free_known.then_some(d.free_bytes),
+        "reserve_bytes": d.reserve_bytes,
+        "below_reserve": d.low,
+        "fsync_p99_ms": d.fsync_p99_us as f64 / 1000.0,
+        "slow_fsync_ms": d.slow_fsync_us / 1000,
+        "fsync_slow": d.slow,
+        "refusing_writes": text(&d.refusing_writes),
+        "leader_transfers": d.transfers,
+        "last_transfer": text(&d.last_transfer),
+        "problem": text(&d.problem),
+    })
+}
+
 /// Raises this process's soft limit of open files to its hard limit:
 /// (before, after). A node holds a socket per client connection, and a
 /// stock jaxlib task keeps one open for its whole life.

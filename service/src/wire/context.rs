@@ -40,11 +40,14 @@ pub fn call_of<T>(req: &Request<T>) -> Result<Call, Status> {
         Some(PortNamespace(name)) => name.clone(),
         None => header_namespace(md)?.into_owned(),
     };
+    let origin = header_origin(md)?;
+    let forwarded = md.contains_key(FORWARDED);
     Ok(Call::new(CallContext {
         namespace: Some(namespace),
-        origin: header_origin(md)?,
+        retried_elsewhere: origin.is_some() || forwarded,
+        origin,
         deadline: grpc_timeout(md).map(|t| Instant::now() + t),
-        forwarded: md.contains_key(FORWARDED),
+        forwarded,
         peer_certs: req.peer_certs(),
         from_peer: req.extensions().get::<PeerPort>().is_some(),
     }))

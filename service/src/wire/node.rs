@@ -39,7 +39,7 @@ use super::{door, serve, Door};
 use crate::areas::coordination::Coordination;
 use crate::core::call::plain;
 use crate::core::namespaces::Namespaces;
-use crate::core::router::forward;
+use crate::core::router::{forward, Attempt};
 use crate::core::{Access, Call, CallError, CallResult, Core, Retry};
 use crate::ops::diagnose;
 
@@ -88,12 +88,13 @@ impl NodeApi {
     }
 
     /// Runs `local` on the leader (after a read barrier there when `read`),
-    /// or `remote` against the leader's Node API with the request forwarded.
+    /// or `remote` against the leader's Node API with the request forwarded,
+    /// each forward waiting as `attempt` says.
     async fn on_leader<Req: Clone, T, L, LF, R, RF>(
         &self,
         c: &Call,
         r: Req,
-        read: bool,
+        (read, attempt): (bool, Attempt),
         local: L,
         remote: R,
     ) -> CallResult<T>
@@ -114,7 +115,7 @@ impl NodeApi {
             let sent = remote(router.node_client(ch), forward(c, r.clone()));
             async move { Ok(sent.await?.into_inner()) }
         };
-        router.on_leader(c, run_local, run_remote).await
+        router.on_leader_as(c, attempt, run_local, run_remote).await
     }
 
     /// Runs a namespace lifecycle call on the leader: `local` here, or the
@@ -141,8 +142,9 @@ impl NodeApi {
         let router = self.core().router();
         let (c, _lane) = router.exactly_once(c);
         router
-            .on_leader(
+            .on_leader_as(
                 &c,
+                Attempt::Whole,
                 || local(c.clone(), r.clone()),
                 |ch| {
                     let sent = remote(router.node_client(ch), forward(&c, r.clone()));
@@ -253,6 +255,7 @@ pub fn status(core: &Core) -> StatusResponse {
         namespaces: state.read(|s| s.namespace_count() as u64),
         feature_level: journal::FEATURE_LEVEL,
         cluster_feature_level: state.read(|s| s.feature_level()),
+        disk: Some(node.health().to_proto()),
     }
 }
 
@@ -403,7 +406,8 @@ impl Node for NodeApi {
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.kv_get(r).await };
         self.call(req, door(Access::Namespace), |c, r| async move {
-            self.on_leader(&c, r, true, local(c.clone()), remote).await
+            self.on_leader(&c, r, (true, Attempt::Short), local(c.clone()), remote)
+                .await
         })
         .await
     }
@@ -430,7 +434,8 @@ impl Node for NodeApi {
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.kv_list(r).await };
         self.call(req, door(Access::Namespace), |c, r| async move {
-            self.on_leader(&c, r, true, local(c.clone()), remote).await
+            self.on_leader(&c, r, (true, Attempt::Short), local(c.clone()), remote)
+                .await
         })
         .await
     }
@@ -461,7 +466,8 @@ impl Node for NodeApi {
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.state(r).await };
         self.call(req, at, |c, r| async move {
-            self.on_leader(&c, r, true, local, remote).await
+            self.on_leader(&c, r, (true, Attempt::Whole), local, remote)
+                .await
         })
         .await
     }
@@ -536,6 +542,7 @@ impl Node for NodeApi {
                 ready,
                 not_ready,
                 applied_index,
+                disk: Some(core.node().health().to_proto()),
             })
         })
         .await
@@ -564,7 +571,8 @@ impl Node for NodeApi {
             token?;
             // A node that could not apply the cluster's state is not added.
             check_joiner_level(core, r.id, &r.address).await?;
-            self.on_leader(&c, r, false, local, remote).await?;
+            self.on_leader(&c, r, (false, Attempt::Whole), local, remote)
+                .await?;
             Ok(MembershipResponse {
                 members: status(core).members,
             })
@@ -584,7 +592,8 @@ impl Node for NodeApi {
         let at = door(Access::Cluster("member remove"));
         self.call(req, at, |c, r| async move {
             token?;
-            self.on_leader(&c, r, false, local, remote).await?;
+            self.on_leader(&c, r, (false, Attempt::Whole), local, remote)
+                .await?;
             Ok(MembershipResponse {
                 members: status(core).members,
             })

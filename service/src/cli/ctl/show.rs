@@ -42,6 +42,7 @@ pub fn status(v: &Value) -> String {
             ),
         ),
         ("state digest", val(&v["state_digest"])),
+        ("disk", disk(&v["disk"])),
     ]);
     let mut t = Table::new(&["NODE", "ADDRESS", "ROLE", "LEVEL"]).right(&[0]);
     for m in items(&v["members"]) {
@@ -53,6 +54,30 @@ pub fn status(v: &Value) -> String {
         ]);
     }
     format!("{head}\n{}", t.render())
+}
+
+/// The disk line of `ctl status -o table`: what is wrong, else free space
+/// and the fdatasync percentile.
+fn disk(d: &Value) -> String {
+    if d.is_null() {
+        return "-".into();
+    }
+    let mut line = match d["problem"].as_str() {
+        Some(p) => format!("UNHEALTHY: {p}"),
+        None => format!(
+            "{} free (reserve {}), fdatasync p99 {} ms",
+            d["free_bytes"].as_u64().map_or("?".into(), bytes),
+            bytes(num(d, "reserve_bytes")),
+            d["fsync_p99_ms"].as_f64().unwrap_or(0.0)
+        ),
+    };
+    if let Some(r) = d["refusing_writes"].as_str() {
+        line.push_str(&format!("; REFUSING WRITES: {r}"));
+    }
+    if let Some(t) = d["last_transfer"].as_str() {
+        line.push_str(&format!("; handed leadership {t}"));
+    }
+    line
 }
 
 /// `ctl ns ls -o table`: one line per namespace.

@@ -116,6 +116,18 @@ function httpErr(what, r) {
 }
 
 // ---- cluster panel ----
+// A member's disk: what is wrong (free space below the reserve, slow
+// fdatasyncs), whether it refuses writes, else its free space.
+function disk(d) {
+  if (d == null || typeof d !== "object") return "—";
+  const out = [];
+  if (d.refusing_writes) out.push(badge("b-bad", "refusing writes", str(d.refusing_writes)));
+  if (d.below_reserve) out.push(badge("b-bad", "below reserve", str(d.problem)));
+  if (d.fsync_slow) out.push(badge("b-warn", "slow fsync", str(d.problem)));
+  if (!out.length) out.push(badge("b-ok", "ok", "fdatasync p99 " + str(d.fsync_p99_ms) + " ms"));
+  if (isNum(d.free_bytes)) out.push(h("span", { class: "muted" }, " " + fmtBytes(d.free_bytes) + " free"));
+  return out;
+}
 function renderCluster(el, c) {
   c = obj(c);
   if (isNum(c.now_ms)) skew = c.now_ms - Date.now();
@@ -137,6 +149,7 @@ function renderCluster(el, c) {
       h("td", { class: "n" }, fmtInt(x.applied_index)),
       h("td", { class: "n" + (lag > 100 ? " c-E" : "") }, lag == null ? "—" : fmtInt(lag)),
       h("td", null, x.ready === true ? badge("b-ok", "ready") : x.ready === false ? badge("b-bad", "not ready") : "—"),
+      h("td", null, disk(x.disk)),
       h("td", { class: "brk" + (why ? " c-E" : "") }, why));
   });
   fill(el, 
@@ -146,7 +159,7 @@ function renderCluster(el, c) {
       noLeader ? badge("b-bad", "none") : fmtInt(c.leader_id),
       " · term " + fmtInt(c.term) + " · feature level " + (fl == null ? "—" : fl) + " (cluster " + (cfl == null ? "—" : cfl) + ")",
       fl != null && cfl != null && fl !== cfl ? [" ", badge("b-warn", "upgrade pending", "this node supports a newer feature level than the cluster runs")] : null)),
-    members.length ? table([{ t: "Node" }, { t: "Address" }, { t: "Role" }, { t: "Applied", n: 1 }, { t: "Behind leader", n: 1 }, { t: "Ready" }, { t: "Why not" }], rows) : none("no members reported"));
+    members.length ? table([{ t: "Node" }, { t: "Address" }, { t: "Role" }, { t: "Applied", n: 1 }, { t: "Behind leader", n: 1 }, { t: "Ready" }, { t: "Disk" }, { t: "Why not" }], rows) : none("no members reported"));
   const me = members.find((x) => obj(x).id === c.node_id);
   fill($("crumb"), h("span", { class: "muted" }, "node " + fmtInt(c.node_id) + (me && me.role ? " · " + str(me.role) : "")));
 }

@@ -85,6 +85,7 @@ async fn member_ready(core: Arc<Core>, id: u64, address: String) -> Value {
             "ready": ready.is_ok(),
             "not_ready": ready.err(),
             "applied_index": core.parking().applied_index(),
+            "disk": crate::ops::disk_json(&core.node().health().to_proto()),
         });
     }
     let asked = async {
@@ -100,7 +101,8 @@ async fn member_ready(core: Arc<Core>, id: u64, address: String) -> Value {
         Ok(Ok(r)) => {
             let r = r.into_inner();
             let not_ready = (!r.ready).then_some(r.not_ready);
-            json!({"ready": r.ready, "not_ready": not_ready, "applied_index": r.applied_index})
+            let disk = r.disk.as_ref().map(crate::ops::disk_json);
+            json!({"ready": r.ready, "not_ready": not_ready, "applied_index": r.applied_index, "disk": disk})
         }
         Ok(Err(s)) => json!({"ready": false, "error": format!("unreachable: {}", s.message())}),
         Err(_) => json!({

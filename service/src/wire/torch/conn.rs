@@ -34,6 +34,10 @@ pub enum Ended {
     /// A request failed (a counter that is not a number, the namespace's
     /// bounds, no leader in time).
     Failed(String),
+    /// This node cannot serve the request now (UNAVAILABLE): a relayed
+    /// connection's relay sends it to another node; a connection of its
+    /// own ends.
+    Unavailable(tonic::Status),
     /// The connection broke.
     Io(std::io::Error),
 }
@@ -46,6 +50,11 @@ impl From<std::io::Error> for Ended {
 
 impl From<CallError> for Ended {
     fn from(e: CallError) -> Self {
+        if let CallError::Status(s) = &e {
+            if s.code() == tonic::Code::Unavailable {
+                return Ended::Unavailable(s.clone());
+            }
+        }
         Ended::Failed(match e {
             CallError::Domain(d) => d.message,
             CallError::Status(s) => format!("{:?}: {}", s.code(), s.message()),
@@ -200,7 +209,7 @@ impl Session {
     /// A watch of the connection's waits from log index `index`.
     fn watch(&self, index: u64) -> Watch {
         let store = self.store.clone();
-        let call = store.call(&self.namespace, self.id, 0);
+        let call = store.call(&self.namespace, self.id, 0, self.relayed);
         let (id, seen) = (self.id, self.written);
         Box::pin(async move { store.watch(&call, id, seen, index).await })
     }
@@ -233,12 +242,14 @@ impl Session {
 
     async fn write(&mut self, command: impl Into<cmd::command::Command>) -> CallResult<Written> {
         self.seq += 1;
-        let call = self.store.call(&self.namespace, self.id, self.seq);
+        let call = self
+            .store
+            .call(&self.namespace, self.id, self.seq, self.relayed);
         self.store.write(&call, command).await
     }
 
     async fn read<T>(&mut self, f: impl FnOnce(journal::torch::Reader<'_>) -> T) -> CallResult<T> {
-        let call = self.store.call(&self.namespace, self.id, 0);
+        let call = self.store.call(&self.namespace, self.id, 0, self.relayed);
         self.store.read(&call, f).await
     }
 

@@ -116,6 +116,11 @@ async fn request(store: &Arc<Store>, c: &Call, r: TorchRequest) -> CallResult<To
         Ok(_) => Some(Ended::Bad("not one whole request".into())),
         Err(bad) => Some(Ended::Bad(bad.to_string())),
     };
+    // The relay sends the request again to another node (with the same
+    // origins: exactly once); the client's connection stays.
+    if let Some(Ended::Unavailable(status)) = ended {
+        return Err(status.into());
+    }
     Ok(TorchReply {
         reply: s.out.split().freeze(),
         written: s.written,
