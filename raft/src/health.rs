@@ -120,6 +120,9 @@ pub struct Health {
     may_campaign: AtomicBool,
     /// Why this node is stalled now (`None`: it is not).
     stalled: tokio::sync::watch::Sender<Option<String>>,
+    /// Whether `report.refusing_writes` is set: what every proposal reads,
+    /// without the lock.
+    refusing: AtomicBool,
 }
 
 impl Health {
@@ -140,6 +143,7 @@ impl Health {
             report: Mutex::new(report),
             may_campaign: AtomicBool::new(true),
             stalled: tokio::sync::watch::Sender::new(None),
+            refusing: AtomicBool::new(false),
         }
     }
 
@@ -196,6 +200,9 @@ impl Health {
 
     /// Why this node, the leader, refuses client writes now.
     pub fn refusing_writes(&self) -> Option<String> {
+        if !self.refusing.load(Ordering::Relaxed) {
+            return None;
+        }
         self.lock().refusing_writes.clone()
     }
 
@@ -230,13 +237,16 @@ impl Health {
     }
 
     pub(crate) fn set_refusing(&self, why: Option<String>) {
-        self.lock().refusing_writes = why;
+        let mut r = self.lock();
+        self.refusing.store(why.is_some(), Ordering::Relaxed);
+        r.refusing_writes = why;
     }
 
     pub(crate) fn transferred(&self, to: NodeId, why: &str) {
         let mut r = self.lock();
         r.transfers += 1;
         r.last_transfer = Some(format!("to node {to}: {why}"));
+        self.refusing.store(false, Ordering::Relaxed);
         r.refusing_writes = None;
     }
 }
