@@ -294,6 +294,13 @@ impl Router {
             .await
     }
 
+    /// A new session's client id (a TCPStore connection's: its requests'
+    /// origins are `(id, seq)`; see `Call::request`): drawn here, as every
+    /// origin is; a random 63-bit id, as a lane's is.
+    pub fn new_session(&self) -> u64 {
+        rand::random::<u64>() >> 1 | 1
+    }
+
     /// `call` with an origin, so that every attempt of it, here or
     /// forwarded, is one exactly-once write: the caller's origin, or one
     /// drawn on one of this node's lanes, held until the returned lane
@@ -342,18 +349,18 @@ impl Router {
                     .into())
                 }
                 Ok(Route::Remote(ch, view)) => {
-                    let limit = match attempt {
-                        Attempt::Short => self.attempt.min(left),
-                        Attempt::Whole => left,
+                    // Waiting for a slot is this node's queue, not the
+                    // leader's silence: it does not count against the
+                    // attempt.
+                    let slot = match bounded {
+                        true => tokio::time::timeout(left, self.forwards.acquire()).await,
+                        false => Ok(Ok(self.no_slot())),
                     };
-                    let sent = async {
-                        let _slot = match bounded {
-                            true => Some(self.forwards.acquire().await),
-                            false => None,
-                        };
-                        remote(ch).await
+                    let Ok(Ok(_slot)) = slot else {
+                        return Err(self.gave_up(callers, "no forward slot in time").into());
                     };
-                    match self.forward_once(view, limit, sent).await {
+                    let attempt = (attempt == Attempt::Short).then_some(self.attempt);
+                    match self.forward_once(view, (attempt, left), remote(ch)).await {
                         Ok(answer) => return answer,
                         Err(gone) => gone,
                     }
@@ -387,34 +394,59 @@ impl Router {
         }
     }
 
+    /// A forward slot for a call that takes none (a read joining a round).
+    fn no_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        // Zero permits: nothing held, nothing to give back.
+        self.forwards
+            .try_acquire_many(0)
+            .expect("zero permits are always there")
+    }
+
     /// One forward, `sent`, to the leader of `view`: its answer, or why the
     /// call should go again (and whether the leader moved, when it should go
-    /// at once). It ends when this node sees another leader or term, and
-    /// after `limit`.
+    /// at once). It ends when this node sees another leader or term, after
+    /// `left`, and, every `attempt` (a short one), once this node has not
+    /// heard from the leader for that long: a leader that is heard from is
+    /// alive and still the one to ask, so the call keeps its place there (a
+    /// busy leader is not asked twice, which would cost it twice and an
+    /// exactly-once table entry more).
     async fn forward_once<T>(
         &self,
         view: LeaderView,
-        limit: Duration,
+        (attempt, left): (Option<Duration>, Duration),
         sent: impl Future<Output = CallResult<T>>,
     ) -> Result<CallResult<T>, (String, bool)> {
         let leader = view.leader.unwrap_or_default();
-        tokio::select! {
-            biased;
-            answer = tokio::time::timeout(limit, sent) => match answer {
-                Ok(Err(CallError::Status(s))) if retryable(&s) => {
-                    Err((format!("forwarding to node {leader} failed: {}", s.message()), false))
-                }
-                Ok(Err(CallError::Retry(why))) => Err((why, false)),
-                Ok(answer) => Ok(answer),
-                Err(_) => Err((
-                    format!("the leader (node {leader}) did not answer within {} ms", limit.as_millis()),
-                    false,
+        let end = tokio::time::Instant::now() + left;
+        let every = attempt.unwrap_or(left).min(left);
+        let mut check = tokio::time::Instant::now() + every;
+        tokio::pin!(sent);
+        loop {
+            tokio::select! {
+                biased;
+                answer = &mut sent => return match answer {
+                    Err(CallError::Status(s)) if retryable(&s) => {
+                        Err((format!("forwarding to node {leader} failed: {}", s.message()), false))
+                    }
+                    Err(CallError::Retry(why)) => Err((why, false)),
+                    answer => Ok(answer),
+                },
+                () = self.node().leader_moved(view) => return Err((
+                    format!("node {leader} stopped leading (term {}) while it had the call", view.term),
+                    true,
                 )),
-            },
-            () = self.node().leader_moved(view) => Err((
-                format!("node {leader} stopped leading (term {}) while it had the call", view.term),
-                true,
-            )),
+                () = tokio::time::sleep_until(check) => {
+                    let heard = self.node().leader_contact_age().is_some_and(|a| a < every);
+                    if check >= end || attempt.is_some() && !heard {
+                        return Err((format!(
+                            "the leader (node {leader}) did not answer within {} ms{}",
+                            every.as_millis(),
+                            if heard { "" } else { " and was not heard from" }
+                        ), false));
+                    }
+                    check = (check + every).min(end);
+                }
+            }
         }
     }
 
