@@ -353,7 +353,7 @@ impl Coordination {
     /// the task learns its fate from the majority.
     pub async fn heartbeat(&self, c: &Call, task: u32, incarnation: u64) -> CallResult<u64> {
         let area = self.clone();
-        let call = Call::local().in_namespace(c.namespace());
+        let call = Call::internal().in_namespace(c.namespace());
         // The leader gets the heartbeat even when it is answered here first.
         let mut to_leader =
             tokio::spawn(async move { area.leader_heartbeat(&call, task, incarnation).await });

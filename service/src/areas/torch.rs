@@ -24,12 +24,11 @@ use std::time::Duration;
 
 use journal::pb::outcome;
 use journal::pb::torch::{self as cmd, command::Command, reply::Reply};
-use journal::pb::Origin;
 use journal::torch::{ConnectionView, Reader};
 use journal::{Answer, Wait};
 use tokio::sync::Notify;
 
-use crate::core::{Call, CallContext, CallError, CallResult, Core};
+use crate::core::{Call, CallError, CallResult, Core};
 
 /// How often the connections with waits are said alive.
 pub const TOUCH_EVERY: Duration = Duration::from_secs(60);
@@ -110,23 +109,6 @@ impl Store {
     /// The core.
     pub fn core(&self) -> &Arc<Core> {
         &self.core
-    }
-
-    /// The call of request `seq` of connection `connection` in namespace
-    /// `namespace`: its origin is the connection's session. A `relayed`
-    /// connection's relay sends a request again to another node when this
-    /// one cannot serve it; a stock client on its own never does.
-    pub fn call(&self, namespace: &str, connection: u64, seq: u64, relayed: bool) -> Call {
-        Call::new(CallContext {
-            namespace: Some(namespace.to_string()),
-            origin: Some(Origin {
-                client_id: connection,
-                seq,
-                done_below: seq,
-            }),
-            retried_elsewhere: relayed,
-            ..Default::default()
-        })
     }
 
     /// Proposes `command` for `call`; a domain error (a counter that is not
@@ -272,7 +254,7 @@ impl Store {
     async fn forget(&self) {
         let closed = std::mem::take(&mut *self.closed.lock().expect("closed"));
         for (ns, connections) in closed {
-            let call = Call::local().in_namespace(&ns);
+            let call = Call::internal().in_namespace(&ns);
             if let Err(e) = self.write(&call, cmd::Forget { connections }).await {
                 tracing::debug!(namespace = ns, "forgetting closed torch connections: {e:?}");
             }
@@ -285,7 +267,7 @@ impl Store {
             by_ns.entry(ns.clone()).or_default().push(*id);
         }
         for (ns, connections) in by_ns {
-            let call = Call::local().in_namespace(&ns);
+            let call = Call::internal().in_namespace(&ns);
             let touch = cmd::Touch {
                 connections,
                 horizon_ms: 0,

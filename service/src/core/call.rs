@@ -57,6 +57,16 @@ pub enum Access<'a> {
     Configured,
     /// A cluster verb, named for the refusal: admins only.
     Cluster(&'a str),
+    /// A plaintext TCPStore connection on a port with TLS (torch's client
+    /// has no TLS): the call's namespace exists and lets plaintext TCPStore
+    /// in — its own `torch_plaintext`, or for the default namespace
+    /// `default_leave` (the main port's `--torch-plaintext`). The
+    /// allow-list does not apply: such a client has no certificate, and
+    /// letting it in is the namespace's own choice.
+    Plaintext {
+        /// The main port's leave, for the default namespace.
+        default_leave: bool,
+    },
 }
 
 /// What a transport knows of a call when it arrives; [`Call::new`] makes
@@ -100,8 +110,10 @@ pub struct Call {
     /// The names of its certificate (subject CN and SANs), read only when a
     /// namespace with an allow-list asks; `None` without one.
     client_names: OnceLock<Option<Vec<String>>>,
-    /// Arrived on the peer port.
-    from_peer: bool,
+    /// Admitted already: it arrived on the peer port (the node that took it
+    /// from its client admitted it), or this node makes it itself
+    /// ([`Call::internal`]). No allow-list or cluster-verb check applies.
+    admitted: bool,
     /// See [`CallContext::retried_elsewhere`].
     retried_elsewhere: bool,
 }
@@ -122,7 +134,7 @@ impl Call {
             namespace,
             peer_certs: ctx.peer_certs,
             client_names: OnceLock::new(),
-            from_peer: ctx.from_peer,
+            admitted: ctx.from_peer,
             retried_elsewhere: ctx.retried_elsewhere,
         }
     }
@@ -133,13 +145,43 @@ impl Call {
         self.retried_elsewhere
     }
 
-    /// A call this node makes itself (a tool, a test): no origin, not
-    /// forwarded, no deadline.
-    pub fn local() -> Call {
-        Call::new(CallContext {
-            from_peer: true,
-            ..Default::default()
-        })
+    /// A call this node makes itself (its status page, its readiness
+    /// check, a duty, a test): admitted already (no client stands behind
+    /// it), no origin, not forwarded, no deadline.
+    pub fn internal() -> Call {
+        Call {
+            admitted: true,
+            ..Call::new(CallContext::default())
+        }
+    }
+
+    /// The call of request `seq` of the session whose admitted call this
+    /// is (a TCPStore connection: its origin's client id names the
+    /// session): the same namespace, client, deadline and admission, with
+    /// origin `(client id, seq)`, every earlier request done (`seq` 0: a
+    /// read, which applies nothing).
+    pub fn request(&self, seq: u64) -> Call {
+        let client_id = self.origin.map_or(0, |o| o.client_id);
+        debug_assert!(client_id != 0, "a session's call carries its id");
+        Call {
+            origin: Some(Origin {
+                client_id,
+                seq,
+                done_below: seq,
+            }),
+            named_in: OnceLock::new(),
+            ..self.clone()
+        }
+    }
+
+    /// This call as session `id`'s (see [`Call::request`]).
+    pub fn in_session(mut self, id: u64) -> Call {
+        self.origin = Some(Origin {
+            client_id: id,
+            seq: 0,
+            done_below: 0,
+        });
+        self
     }
 
     /// Whether a namespace that admits clients named `allow` (subject CN or
@@ -165,7 +207,7 @@ impl Call {
     /// Whether a namespace that admits clients named `allow` admits this
     /// call (see [`Call::admit`]).
     pub fn admits(&self, allow: &[String], admins: &Admins) -> bool {
-        allow.is_empty() || self.from_peer || self.named(allow) || self.named_admin(admins)
+        allow.is_empty() || self.admitted || self.named(allow) || self.named_admin(admins)
     }
 
     /// Admits this call to cluster verb `verb` (namespace lifecycle,
@@ -175,7 +217,7 @@ impl Call {
     /// call has no identity and every call is admitted (the network is the
     /// boundary). A call a peer forwarded was admitted where it arrived.
     pub fn admit_cluster_verb(&self, verb: &str, admins: &Admins) -> Result<(), Status> {
-        if self.from_peer || !admins.identities || self.named_admin(admins) {
+        if self.admitted || !admins.identities || self.named_admin(admins) {
             return Ok(());
         }
         let names = match self.client_names() {
@@ -541,12 +583,12 @@ mod tests {
         };
         assert!(ops.admit(&allow, &unchecked).is_err());
         // A peer's forward was admitted where it arrived.
-        assert!(Call::local().admit_cluster_verb("x", &nobody).is_ok());
+        assert!(Call::internal().admit_cluster_verb("x", &nobody).is_ok());
     }
 
     #[test]
     fn the_first_task_resolution_fixes_the_epoch() {
-        let c = Call::local();
+        let c = Call::internal();
         assert_eq!(c.epoch(), None);
         c.named_in(4);
         c.named_in(5);
@@ -557,12 +599,37 @@ mod tests {
     #[test]
     fn a_call_without_an_origin_gets_one_on_a_lane() {
         let lanes = Lanes::new();
-        let (c, lane) = Call::local().with_origin(&lanes);
+        let (c, lane) = Call::internal().with_origin(&lanes);
         let o = c.origin().unwrap();
         assert_eq!(o.seq, 1);
         assert!(lane.is_some());
         let (again, lane) = c.with_origin(&lanes);
         assert_eq!(again.origin(), Some(o), "it has one already");
         assert!(lane.is_none());
+    }
+
+    #[test]
+    fn a_sessions_requests_keep_its_admission_and_deadline_with_their_own_origin() {
+        let deadline = Instant::now() + std::time::Duration::from_secs(9);
+        let admitted = Call::new(CallContext {
+            namespace: Some("job".into()),
+            deadline: Some(deadline),
+            retried_elsewhere: true,
+            ..Default::default()
+        })
+        .in_session(77);
+        let r = admitted.request(5);
+        assert_eq!(r.namespace(), "job");
+        assert_eq!(r.deadline(), Some(deadline));
+        assert!(r.retried_elsewhere() && !r.forwarded());
+        let o = r.origin().unwrap();
+        assert_eq!((o.client_id, o.seq, o.done_below), (77, 5, 5));
+        // An internal call passes every check; a session's does not.
+        let open = Admins {
+            identities: true,
+            names: vec![],
+        };
+        assert!(Call::internal().admit_cluster_verb("x", &open).is_ok());
+        assert!(r.admit_cluster_verb("x", &open).is_err());
     }
 }

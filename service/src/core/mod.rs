@@ -134,7 +134,43 @@ impl Core {
             Access::Cluster(verb) => Ok(call.admit_cluster_verb(verb, &self.admins)?),
             Access::Namespace => self.admit_to_namespace(call).await,
             Access::Configured => self.configured(call).await,
+            Access::Plaintext { default_leave } => self.admit_plaintext(call, default_leave).await,
         }
+    }
+
+    /// [`Access::Plaintext`]: the namespace exists (confirmed as for
+    /// [`Access::Namespace`]) and lets plaintext TCPStore in;
+    /// PERMISSION_DENIED saying how to let it in if not.
+    async fn admit_plaintext(&self, call: &Call, default_leave: bool) -> CallResult<()> {
+        let default = call.namespace() == call::DEFAULT_NAMESPACE;
+        let leave = |s: &State| {
+            let n = s.namespace(call.namespace())?;
+            Some(match default {
+                true => default_leave,
+                false => n.spec().is_some_and(|p| p.torch_plaintext),
+            })
+        };
+        let leave = match self.state(leave) {
+            Some(l) => l,
+            None => {
+                self.linearizable(call).await?;
+                let key = call.namespace_key();
+                self.state(leave)
+                    .ok_or_else(|| CallError::from(journal::namespace::unknown(key)))?
+            }
+        };
+        if leave {
+            return Ok(());
+        }
+        let how = match default {
+            true => "--torch-plaintext on the node".to_string(),
+            false => format!("ctl ns create {} --torch-plaintext", call.namespace()),
+        };
+        Err(Status::permission_denied(format!(
+            "a plaintext TCPStore connection on a TLS port of namespace {}: allow it with {how}, or dial a relay",
+            call.namespace()
+        ))
+        .into())
     }
 
     /// Whether namespace `n` admits `call` (its allow-list, or an admin),

@@ -20,7 +20,7 @@ pub const READY_WAIT: Duration = Duration::from_secs(1);
 /// [`READY_WAIT`]. `Err` says why not. What `/readyz`, the gRPC health
 /// service, `coordstore_ready` and the Node API's Ready answer.
 pub async fn ready(core: &Core) -> Result<u64, String> {
-    match tokio::time::timeout(READY_WAIT, core.linearizable(&Call::local())).await {
+    match tokio::time::timeout(READY_WAIT, core.linearizable(&Call::internal())).await {
         Ok(Ok(index)) => Ok(index),
         Ok(Err(s)) => Err(s.message().to_string()),
         Err(_) => Err(format!(

@@ -148,7 +148,7 @@ fn summary(n: &Namespace<'_>, parked: u64, wait: Option<&NamespaceWait>) -> Valu
 
 /// Every namespace's summary, by name.
 pub async fn namespaces(core: &Core) -> Value {
-    let waits = diagnose::waits_or_none(core, &Call::local()).await;
+    let waits = diagnose::waits_or_none(core, &Call::internal()).await;
     let parking = core.parking();
     let all: Vec<Value> = core.state(|s| {
         s.namespaces()
@@ -279,7 +279,7 @@ pub fn barrier(b: &PendingBarrier) -> Value {
 
 /// Namespace `name` in full, or NOT_FOUND.
 pub async fn namespace(core: &Core, name: &str) -> Result<Value, Status> {
-    let c = Call::local().in_namespace(name);
+    let c = Call::internal().in_namespace(name);
     let (barriers, from_leader) = diagnose::barriers_or_here(core, &c).await?;
     let oldest = barriers.iter().filter_map(|b| b.waited_ms).max();
     let wait = oldest.map(|ms| NamespaceWait {
@@ -306,7 +306,7 @@ pub async fn namespace(core: &Core, name: &str) -> Result<Value, Status> {
 
 /// One barrier of namespace `name` (pending or not), or NOT_FOUND.
 pub async fn one_barrier(core: &Core, name: &str, id: &str) -> Result<Value, Status> {
-    let c = Call::local().in_namespace(name);
+    let c = Call::internal().in_namespace(name);
     let r = proto::coordstore::BarriersRequest {
         id: id.to_string(),
         missing_limit: 0,
@@ -323,7 +323,7 @@ pub async fn one_barrier(core: &Core, name: &str, id: &str) -> Result<Value, Sta
 
 /// One task of namespace `name`, or NOT_FOUND.
 pub async fn one_task(core: &Core, name: &str, task_name: &str) -> Result<Value, Status> {
-    let c = Call::local().in_namespace(name);
+    let c = Call::internal().in_namespace(name);
     let r = proto::coordstore::TasksRequest {
         state: String::new(),
         task: task_name.to_string(),

@@ -17,7 +17,7 @@ use journal::torch::ConnectionView;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::areas::torch::{Store, Written};
-use crate::core::{CallError, CallResult};
+use crate::core::{Call, CallError, CallResult};
 use agent::torch::{handshake, Refused};
 use proto::torch::{
     put_bytes, put_i64, Decoder, Op, NOT_READY, READY, STOP_WAITING, WAIT_CANCELED,
@@ -66,15 +66,17 @@ impl From<CallError> for Ended {
 /// A watch of the connection's waits (see [`Store::watch`]).
 type Watch = Pin<Box<dyn Future<Output = CallResult<Option<ConnectionView>>> + Send>>;
 
-/// Serves one TCPStore connection in `namespace`, known to the state as
-/// `id`, until it closes or fails; its waits are forgotten after.
-pub async fn serve<S>(mut stream: S, store: Arc<Store>, namespace: &str, id: u64) -> Ended
+/// Serves one TCPStore connection, admitted as `call` (its namespace, and
+/// its session's id as its origin's client id), until it closes or fails;
+/// its waits are forgotten after.
+pub async fn serve<S>(mut stream: S, store: Arc<Store>, call: Call) -> Ended
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut buf = BytesMut::new();
+    let id = Session::id_of(&call);
     let ended = match handshake(&mut stream, &mut buf).await {
-        Ok(()) => requests(&mut stream, Session::new(store.clone(), namespace, id), buf).await,
+        Ok(()) => requests(&mut stream, Session::new(store.clone(), call), buf).await,
         Err(Refused::Closed) => Ended::Closed,
         Err(Refused::Bad(why)) => Ended::Bad(why.into()),
         Err(Refused::Io(e)) => Ended::Io(e),
@@ -150,6 +152,9 @@ where
 /// node a request reaches (the relay carries the rest).
 pub struct Session {
     store: Arc<Store>,
+    /// The connection's admitted call: each request's call is made of it
+    /// ([`Call::request`]).
+    call: Call,
     namespace: String,
     /// The session's client id (the state knows the connection by it).
     id: u64,
@@ -171,13 +176,18 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session of a new connection in `namespace`, known to the state as
-    /// `id`.
-    pub fn new(store: Arc<Store>, namespace: &str, id: u64) -> Session {
+    /// The session id of a connection admitted as `call`.
+    fn id_of(call: &Call) -> u64 {
+        call.origin().map_or(0, |o| o.client_id)
+    }
+
+    /// The session of a new connection, admitted as `call`.
+    pub fn new(store: Arc<Store>, call: Call) -> Session {
         Session {
             store,
-            namespace: namespace.to_string(),
-            id,
+            namespace: call.namespace().to_string(),
+            id: Self::id_of(&call),
+            call,
             seq: 0,
             written: 0,
             recorded: false,
@@ -188,13 +198,13 @@ impl Session {
         }
     }
 
-    /// The session of a relayed connection `id`, as its relay carries it:
-    /// the last sequence number used, STOP_WAITING written, and whether the
-    /// state has a record of it.
+    /// The session of a relayed connection, as its relay carries it in
+    /// the admitted call `call` (the connection's id is its origin's client
+    /// id): the last sequence number used, STOP_WAITING written, and
+    /// whether the state has a record of it.
     pub fn relayed(
         store: Arc<Store>,
-        namespace: &str,
-        id: u64,
+        call: Call,
         (seq, written, recorded): (u64, u64, bool),
     ) -> Session {
         Session {
@@ -202,14 +212,14 @@ impl Session {
             written,
             recorded,
             relayed: true,
-            ..Session::new(store, namespace, id)
+            ..Session::new(store, call)
         }
     }
 
     /// A watch of the connection's waits from log index `index`.
     fn watch(&self, index: u64) -> Watch {
         let store = self.store.clone();
-        let call = store.call(&self.namespace, self.id, 0, self.relayed);
+        let call = self.call.request(0);
         let (id, seen) = (self.id, self.written);
         Box::pin(async move { store.watch(&call, id, seen, index).await })
     }
@@ -242,14 +252,12 @@ impl Session {
 
     async fn write(&mut self, command: impl Into<cmd::command::Command>) -> CallResult<Written> {
         self.seq += 1;
-        let call = self
-            .store
-            .call(&self.namespace, self.id, self.seq, self.relayed);
+        let call = self.call.request(self.seq);
         self.store.write(&call, command).await
     }
 
     async fn read<T>(&mut self, f: impl FnOnce(journal::torch::Reader<'_>) -> T) -> CallResult<T> {
-        let call = self.store.call(&self.namespace, self.id, 0, self.relayed);
+        let call = self.call.request(0);
         self.store.read(&call, f).await
     }
 

@@ -107,9 +107,9 @@ impl TorchStore for TorchApi {
 }
 
 async fn request(store: &Arc<Store>, c: &Call, r: TorchRequest) -> CallResult<TorchReply> {
-    let (id, first) = connection(c)?;
+    let (_, first) = connection(c)?;
     let carried = (first.saturating_sub(1), r.written, r.recorded);
-    let mut s = Session::relayed(store.clone(), c.namespace(), id, carried);
+    let mut s = Session::relayed(store.clone(), c.clone(), carried);
     let mut buf = BytesMut::from(&r.request[..]);
     let ended = match Decoder::default().decode(&mut buf) {
         Ok(Some(op)) if buf.is_empty() => s.run(op).await.err(),

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::areas::torch::Store;
+use crate::core::{Access, Call, CallContext};
 
 /// The first byte of a TCPStore connection (its VALIDATE).
 const TORCH_FIRST_BYTE: u8 = 0;
@@ -43,19 +44,15 @@ pub struct TorchPort {
 }
 
 impl TorchPort {
-    /// Whether a plaintext TCPStore connection is served here now.
-    fn admits_plaintext(&self) -> bool {
-        if !self.tls {
-            return true;
+    /// What a connection here needs to be admitted: a port with TLS admits
+    /// plaintext TCPStore only where its namespace lets it in.
+    fn access(&self) -> Access<'static> {
+        match self.tls {
+            true => Access::Plaintext {
+                default_leave: self.main_plaintext,
+            },
+            false => Access::Namespace,
         }
-        if self.namespace == journal::DEFAULT_NAMESPACE {
-            return self.main_plaintext;
-        }
-        self.store.core().state(|s| {
-            s.namespace(&self.namespace)
-                .and_then(|n| n.spec())
-                .is_some_and(|p| p.torch_plaintext)
-        })
     }
 }
 
@@ -108,25 +105,36 @@ async fn split(
         }
         Err(_) => return,
     }
-    if !torch.admits_plaintext() {
+    // Admitted once, as any call: the port's namespace, a session id the
+    // router draws; every request is a call made of this one.
+    let core = torch.store.core();
+    let call = Call::new(CallContext {
+        namespace: Some(torch.namespace.clone()),
+        ..Default::default()
+    })
+    .in_session(core.router().new_session());
+    if let Err(e) = core.admit(&call, torch.access()).await {
         tracing::info!(
             namespace = torch.namespace,
             peer = ?stream.peer_addr().ok(),
-            "refused a plaintext TCPStore connection on a TLS port (allow it with \
-             --torch-plaintext, or dial a relay)"
+            "refused a TCPStore connection: {}",
+            e.into_plain_status().message()
         );
         return;
     }
-    serve(stream, torch.store, &torch.namespace).await;
+    serve(stream, torch.store, call).await;
 }
 
-/// Serves one TCPStore connection in `namespace` until it ends.
-pub async fn serve<S>(stream: S, store: Arc<Store>, namespace: &str)
+/// Serves one TCPStore connection, admitted as `call`, until it ends.
+async fn serve<S>(stream: S, store: Arc<Store>, call: Call)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let id = rand::random::<u64>();
-    let ended = conn::serve(stream, store, namespace, id).await;
+    let (namespace, id) = (
+        call.namespace().to_string(),
+        call.origin().map_or(0, |o| o.client_id),
+    );
+    let ended = conn::serve(stream, store, call).await;
     tracing::debug!(
         namespace,
         connection = format!("{id:x}"),
