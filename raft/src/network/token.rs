@@ -53,22 +53,32 @@ impl PeerToken {
     /// from a node of another cluster (FAILED_PRECONDITION; a sender that
     /// names no cluster, an operator's `ctl`, passes this check).
     pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        if let (Some(want), Some(got)) = (&self.cluster, req.metadata().get(PEER_CLUSTER_HEADER)) {
-            if got.as_bytes() != want.as_bytes() {
+        let md = req.metadata();
+        self.check_presented(
+            md.get(PEER_CLUSTER_HEADER).map(|v| v.as_bytes()),
+            md.get(PEER_TOKEN_HEADER).map(|v| v.as_bytes()),
+        )
+    }
+
+    /// [`PeerToken::check`] of what a caller presented: its cluster id and
+    /// its token.
+    pub fn check_presented(
+        &self,
+        cluster: Option<&[u8]>,
+        token: Option<&[u8]>,
+    ) -> Result<(), Status> {
+        if let (Some(want), Some(got)) = (&self.cluster, cluster) {
+            if got != want.as_bytes() {
                 return Err(Status::failed_precondition(format!(
                     "this node is in cluster '{want}', the caller in cluster '{}'",
-                    String::from_utf8_lossy(got.as_bytes())
+                    String::from_utf8_lossy(got)
                 )));
             }
         }
         let Some(want) = &self.token else {
             return Ok(());
         };
-        let got = req
-            .metadata()
-            .get(PEER_TOKEN_HEADER)
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
+        let got = token.unwrap_or_default();
         // Compare every byte, whatever matches first.
         let same = got.len() == want.len()
             && got

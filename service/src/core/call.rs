@@ -67,6 +67,48 @@ pub enum Access<'a> {
         /// The main port's leave, for the default namespace.
         default_leave: bool,
     },
+    /// A journal update proposed from outside (the Node API: ctl, tools,
+    /// other nodes' forwards), admitted as its command's kind says.
+    Update(UpdateKind),
+    /// A membership change: a cluster verb (named for the refusal) that
+    /// also needs the cluster's peer token, when it has one.
+    Membership(&'a str),
+}
+
+/// What kind of journal command an update from outside carries (the
+/// journal knows; admission decides what each kind needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// A command a client may issue: admitted to its namespace.
+    Client,
+    /// A cluster verb (a job epoch reset): admins only.
+    ClusterVerb(&'static str),
+    /// A command only the leader runtime proposes (timers, liveness):
+    /// never from outside, whatever headers the request carries.
+    LeaderRuntime,
+}
+
+impl UpdateKind {
+    /// The kind of `command`: each area's allow-list
+    /// (`journal::client_proposable`: a command added later is refused
+    /// until it is listed there).
+    pub fn of(command: &Command) -> UpdateKind {
+        match command {
+            Command::ResetJobEpoch(_) => UpdateKind::ClusterVerb("reset-job"),
+            c if journal::client_proposable(c) => UpdateKind::Client,
+            _ => UpdateKind::LeaderRuntime,
+        }
+    }
+}
+
+/// The peer credentials a request presented (the peer token and cluster id
+/// headers), read only by the admission of a call that needs them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer token presented, if any.
+    pub token: Option<Vec<u8>>,
+    /// The cluster id presented, if any.
+    pub cluster: Option<Vec<u8>>,
 }
 
 /// What a transport knows of a call when it arrives; [`Call::new`] makes
@@ -92,6 +134,8 @@ pub struct CallContext {
     /// (its disk or Raft core stalled) fails such a call at once instead of
     /// holding it.
     pub retried_elsewhere: bool,
+    /// The peer token and cluster id it presented, if it presented any.
+    pub peer_credentials: Option<Arc<PeerCredentials>>,
 }
 
 /// One call's context (cloned for each attempt of a call retried on the
@@ -116,6 +160,8 @@ pub struct Call {
     admitted: bool,
     /// See [`CallContext::retried_elsewhere`].
     retried_elsewhere: bool,
+    /// See [`CallContext::peer_credentials`].
+    peer_credentials: Option<Arc<PeerCredentials>>,
 }
 
 impl Call {
@@ -136,7 +182,16 @@ impl Call {
             client_names: OnceLock::new(),
             admitted: ctx.from_peer,
             retried_elsewhere: ctx.retried_elsewhere,
+            peer_credentials: ctx.peer_credentials,
         }
+    }
+
+    /// The peer credentials it presented (none: nothing presented).
+    pub fn peer_credentials(&self) -> PeerCredentials {
+        self.peer_credentials
+            .as_deref()
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Whether its client sends it to another node when this one answers

@@ -18,7 +18,7 @@ use journal::{Namespace, State, Update, Wait};
 use raft::{Applied, RaftNode};
 use tonic::Status;
 
-pub use call::{Access, Admins, Call, CallContext, CallError, CallResult};
+pub use call::{Access, Admins, Call, CallContext, CallError, CallResult, UpdateKind};
 pub use leader::{now_ms, LocalLeader, Retry};
 pub use park::{Parked, Parking};
 pub use router::Router;
@@ -94,9 +94,8 @@ impl Core {
         // The common case in one look: the namespace exists, admits any
         // client, and is configured.
         let open_and_ready = |s: &State| {
-            s.namespace(call.namespace()).is_some_and(|n| {
-                n.is_initialized() && n.spec().is_none_or(|p| p.allow_client_names.is_empty())
-            })
+            s.namespace(call.namespace())
+                .is_some_and(|n| n.is_initialized() && self.admits(call, &n))
         };
         if self.state(open_and_ready) {
             return Ok(());
@@ -135,6 +134,21 @@ impl Core {
             Access::Namespace => self.admit_to_namespace(call).await,
             Access::Configured => self.configured(call).await,
             Access::Plaintext { default_leave } => self.admit_plaintext(call, default_leave).await,
+            Access::Update(kind) => match kind {
+                UpdateKind::Client => self.admit_to_namespace(call).await,
+                UpdateKind::ClusterVerb(verb) => Ok(call.admit_cluster_verb(verb, &self.admins)?),
+                UpdateKind::LeaderRuntime => Err(Status::permission_denied(
+                    "this command is proposed by the leader runtime only",
+                )
+                .into()),
+            },
+            Access::Membership(verb) => {
+                call.admit_cluster_verb(verb, &self.admins)?;
+                let presented = call.peer_credentials();
+                let token = self.node().peer_token();
+                Ok(token
+                    .check_presented(presented.cluster.as_deref(), presented.token.as_deref())?)
+            }
         }
     }
 

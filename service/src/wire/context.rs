@@ -5,6 +5,7 @@
 //! its [`CallContext`] its own way.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use journal::pb::Origin;
@@ -12,7 +13,7 @@ use proto::origin::WireOrigin;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
-use crate::core::call::{journal_origin, CallContext, DEFAULT_NAMESPACE};
+use crate::core::call::{journal_origin, CallContext, PeerCredentials, DEFAULT_NAMESPACE};
 use crate::core::router::FORWARDED;
 use crate::core::Call;
 pub use proto::{NAMESPACE_HEADER, ORIGIN_HEADER};
@@ -50,7 +51,18 @@ pub fn call_of<T>(req: &Request<T>) -> Result<Call, Status> {
         forwarded,
         peer_certs: req.peer_certs(),
         from_peer: req.extensions().get::<PeerPort>().is_some(),
+        peer_credentials: peer_credentials(md),
     }))
+}
+
+/// The peer token and cluster id `md` presents, if any.
+fn peer_credentials(md: &MetadataMap) -> Option<Arc<PeerCredentials>> {
+    let read = |k: &str| md.get(k).map(|v| v.as_bytes().to_vec());
+    let (token, cluster) = (
+        read(raft::PEER_TOKEN_HEADER),
+        read(raft::PEER_CLUSTER_HEADER),
+    );
+    (token.is_some() || cluster.is_some()).then(|| Arc::new(PeerCredentials { token, cluster }))
 }
 
 /// A layer that puts a copy of `T` in every request's extensions: how a

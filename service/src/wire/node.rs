@@ -13,7 +13,7 @@
 //! * what nodes ask each other (Propose, ReadIndex, Heartbeat): a follower
 //!   forwards its clients' calls to the leader through them. Propose admits
 //!   only commands a client may issue, whatever headers the request carries
-//!   (see [`check_external`]).
+//!   (see [`propose_door`]).
 //!
 //! Every method runs the one pipeline of every service (`super::serve`):
 //! the call's context, its admission for what the method needs ([`Access`],
@@ -40,7 +40,7 @@ use crate::areas::coordination::Coordination;
 use crate::core::call::plain;
 use crate::core::namespaces::Namespaces;
 use crate::core::router::{forward, Attempt};
-use crate::core::{Access, Call, CallError, CallResult, Core, Retry};
+use crate::core::{Access, Call, CallError, CallResult, Core, Retry, UpdateKind};
 use crate::ops::diagnose;
 
 /// The `Node` service of one node.
@@ -167,37 +167,19 @@ fn named(
 /// level before it gives up (UNAVAILABLE).
 const LEVEL_ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// What Propose needs of its caller: a job epoch reset is a cluster verb
-/// (`ctl reset-job`, like `ctl ns reset`); every other client command acts
-/// in its namespace.
-fn propose_access(u: &Update) -> Access<'static> {
-    match &u.command {
-        Some(journal::pb::update::Command::ResetJobEpoch(_)) => Access::Cluster("reset-job"),
-        _ => Access::Namespace,
-    }
-}
-
-/// An update proposed through the Node API (ctl, tools, and other nodes
-/// forwarding their clients' calls): only commands a client may issue (each
-/// area's allow-list, `journal::client_proposable`: a command added later is
-/// refused until it is listed there), and the time is the leader's to stamp.
-/// Timer- and liveness-driven commands (InitService, Heartbeat,
-/// TasksUnhealthy, BarrierExpire) belong to the leader runtime, which
-/// proposes them locally and never through this API. This holds whatever
-/// headers the request carries: a client can set `x-coordstore-forwarded`
-/// too, and forwarding nodes only ever forward client commands.
-fn check_external(u: &mut Update) -> Result<(), Status> {
-    match &u.command {
-        None => return Err(Status::invalid_argument("the update has no command")),
-        Some(c) if !journal::client_proposable(c) => {
-            return Err(Status::permission_denied(
-                "this command is proposed by the leader runtime only",
-            ))
-        }
-        Some(_) => {}
-    }
+/// Where an update proposed through the Node API (ctl, tools, other nodes
+/// forwarding their clients' calls) is admitted: as its command's kind
+/// says (`Access::Update`: a client command in its namespace, a job epoch
+/// reset as a cluster verb, a leader runtime's command never). The time is
+/// the leader's to stamp. A command-less update is INVALID_ARGUMENT.
+fn propose_door(u: &mut Update) -> Result<Door, Status> {
+    let Some(command) = &u.command else {
+        return Err(Status::invalid_argument("the update has no command"));
+    };
+    let access = Access::Update(UpdateKind::of(command));
     u.at_ms = 0;
-    Ok(())
+    let ns = journal::namespace::namespace_name(&u.namespace);
+    Ok(Door::into_namespace(ns, access))
 }
 
 /// This node's status.
@@ -369,9 +351,7 @@ impl Node for NodeApi {
         let at = |r: ProposeRequest| {
             let mut u = journal::decode_known::<Update>(&r.update)
                 .map_err(|e| Status::invalid_argument(format!("the journal update: {e}")))?;
-            check_external(&mut u)?;
-            let ns = journal::namespace::namespace_name(&u.namespace).to_string();
-            Ok((Door::into_namespace(&ns, propose_access(&u)), u))
+            Ok((propose_door(&mut u)?, u))
         };
         let core = self.core();
         self.call(req, at, |c, mut u| async move {
@@ -550,7 +530,6 @@ impl Node for NodeApi {
 
     async fn add_member(&self, req: Request<AddMemberRequest>) -> Reply<MembershipResponse> {
         let (core, node) = (self.core(), self.core().node());
-        let token = node.peer_token().check(&req);
         let local = |r: AddMemberRequest| async move {
             node.add_learner(r.id, &r.address).await.map_err(Retry)?;
             let mut voters: std::collections::BTreeSet<u64> = node
@@ -566,9 +545,8 @@ impl Node for NodeApi {
             node.peer_token().attach(&mut r);
             l.add_member(r).await.map(|_| Response::new(()))
         };
-        let at = door(Access::Cluster("member add"));
+        let at = door(Access::Membership("member add"));
         self.call(req, at, |c, r: AddMemberRequest| async move {
-            token?;
             // A node that could not apply the cluster's state is not added.
             check_joiner_level(core, r.id, &r.address).await?;
             self.on_leader(&c, r, (false, Attempt::Whole), local, remote)
@@ -582,16 +560,14 @@ impl Node for NodeApi {
 
     async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Reply<MembershipResponse> {
         let (core, node) = (self.core(), self.core().node());
-        let token = node.peer_token().check(&req);
         let local =
             |r: RemoveMemberRequest| async move { Ok(node.remove(r.id).await.map_err(Retry)?) };
         let remote = |mut l: NodeClient<Channel>, mut r| async move {
             node.peer_token().attach(&mut r);
             l.remove_member(r).await.map(|_| Response::new(()))
         };
-        let at = door(Access::Cluster("member remove"));
+        let at = door(Access::Membership("member remove"));
         self.call(req, at, |c, r| async move {
-            token?;
             self.on_leader(&c, r, (false, Attempt::Whole), local, remote)
                 .await?;
             Ok(MembershipResponse {
