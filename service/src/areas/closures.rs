@@ -14,22 +14,17 @@ use std::time::Duration;
 use journal::closures::Closure;
 use journal::pb::closures::{self as cmd, command::Command, reply::Reply as R};
 use journal::pb::outcome;
-use journal::{Answer, DomainError, Wait};
+use journal::{Answer, Wait};
 use raft::Applied;
 use tokio::time::Instant;
 use tonic::Status;
 
-use crate::core::{now_ms, Call, Core};
+use crate::core::{now_ms, Call, CallError, CallResult, Core};
 
 /// Longest a get, join or fetch waits in one call.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Most closures one List or fetch answers.
 pub const MAX_LIST: usize = 10_000;
-
-/// The wire status of a closure-queue domain error (no payloads).
-pub fn status(e: &DomainError) -> Status {
-    Status::new(tonic::Code::from_i32(e.code), e.message.clone())
-}
 
 /// A wait of at most `ms` (and [`MAX_WAIT`]).
 fn capped(ms: u64) -> Duration {
@@ -68,11 +63,11 @@ impl Closures {
         &self,
         c: &Call,
         command: impl Into<Command>,
-    ) -> Result<(cmd::Reply, Applied), Status> {
+    ) -> CallResult<(cmd::Reply, Applied)> {
         let mut u = c.update(command.into());
         let applied = self.core.propose(c, &mut u).await?;
         if let Some(e) = &applied.outcome.error {
-            return Err(status(e));
+            return Err(CallError::Domain(e.clone()));
         }
         let reply = match &applied.outcome.reply {
             Some(outcome::Reply::Closures(r)) => r.clone(),
@@ -83,7 +78,7 @@ impl Closures {
 
     /// Proposes one step (renew, finish, fail, put back, done, release):
     /// its reply.
-    pub async fn step(&self, c: &Call, command: impl Into<Command>) -> Result<cmd::Reply, Status> {
+    pub async fn step(&self, c: &Call, command: impl Into<Command>) -> CallResult<cmd::Reply> {
         Ok(self.propose(c, command).await?.0)
     }
 
@@ -95,11 +90,11 @@ impl Closures {
         index: u64,
         wait: Wait,
         wait_for: Option<Duration>,
-    ) -> Result<Option<Answer>, Status> {
+    ) -> CallResult<Option<Answer>> {
         let deadline = wait_for.map(|w| Instant::now() + w);
         match self.core.park(c, index, None, wait, deadline).await? {
             None => Ok(None),
-            Some(answer) => answer.map(Some).map_err(|e| status(&e)),
+            Some(answer) => answer.map(Some).map_err(CallError::Domain),
         }
     }
 
@@ -109,28 +104,28 @@ impl Closures {
         &self,
         c: &Call,
         q: cmd::CreateQueue,
-    ) -> Result<cmd::QueueConfig, Status> {
+    ) -> CallResult<cmd::QueueConfig> {
         let name = q.queue.clone();
         let (_, applied) = self.propose(c, q).await?;
         self.core.parking().wait_applied(applied.log_index).await?;
         self.queue_config(c, &name)
     }
 
-    fn queue_config(&self, c: &Call, queue: &str) -> Result<cmd::QueueConfig, Status> {
+    fn queue_config(&self, c: &Call, queue: &str) -> CallResult<cmd::QueueConfig> {
         self.core
             .read(c, |s| s.closures().queue(queue).and_then(|q| q.config))?
-            .ok_or_else(|| status(&journal::closures::errors::queue_not_found(queue)))
+            .ok_or_else(|| CallError::Domain(journal::closures::errors::queue_not_found(queue)))
     }
 
     /// Put: the first closure's id, and the error it raised, if any. Into a
     /// full queue it waits, as upstream's put does, until every closure is
     /// admitted (or cancelled by the first error).
-    pub async fn put(&self, c: &Call, p: cmd::Put) -> Result<cmd::Reply, Status> {
+    pub async fn put(&self, c: &Call, p: cmd::Put) -> CallResult<cmd::Reply> {
         let queue = p.queue.clone();
         let n = 1 + p.more_payloads.len() as u64;
         let (reply, applied) = self.propose(c, p).await?;
         let Some(R::ClosureId(id)) = reply.reply else {
-            return Err(Status::internal("a put answered no closure id"));
+            return Err(Status::internal("a put answered no closure id").into());
         };
         if applied.outcome.parked {
             // They are admitted in order: the last one decides.
@@ -153,7 +148,7 @@ impl Closures {
         worker: String,
         timeout_ms: u64,
         max_closures: u32,
-    ) -> Result<Leased, Status> {
+    ) -> CallResult<Leased> {
         let wait = capped(timeout_ms);
         let lease_ms = self.queue_config(c, &queue).map_or(0, |q| q.lease_ms);
         let get = cmd::Get {
@@ -186,12 +181,7 @@ impl Closures {
 
     /// Join: one `Done` step; when the queue is busy, waits up to
     /// `timeout_ms` until a step would answer (the caller steps again).
-    pub async fn join(
-        &self,
-        c: &Call,
-        queue: String,
-        timeout_ms: u64,
-    ) -> Result<cmd::Reply, Status> {
+    pub async fn join(&self, c: &Call, queue: String, timeout_ms: u64) -> CallResult<cmd::Reply> {
         let done = cmd::Done {
             queue: queue.clone(),
         };
@@ -215,12 +205,13 @@ impl Closures {
         queue: String,
         ids: Vec<u64>,
         timeout_ms: u64,
-    ) -> Result<Vec<Closure>, Status> {
+    ) -> CallResult<Vec<Closure>> {
         if ids.len() > MAX_LIST {
             return Err(Status::invalid_argument(format!(
                 "{} closure ids in one fetch; at most {MAX_LIST}",
                 ids.len()
-            )));
+            ))
+            .into());
         }
         let index = self.core.linearizable(c).await?;
         // 0: answered at once, settled or not.
@@ -236,7 +227,7 @@ impl Closures {
             let q = s.closures();
             ids.iter()
                 .map(|&id| match q.settled(&queue, id) {
-                    Err(e) => Err(status(&e)),
+                    Err(e) => Err(CallError::Domain(e)),
                     Ok(Some(closure)) => Ok(closure.clone()),
                     Ok(None) => Ok(q.closure(id).cloned().unwrap_or_default()),
                 })
@@ -253,7 +244,7 @@ impl Closures {
         tag: &str,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<Closure>, Status> {
+    ) -> CallResult<Vec<Closure>> {
         self.core.linearizable(c).await?;
         let limit = match limit {
             0 => MAX_LIST,
@@ -269,6 +260,6 @@ impl Closures {
                         .collect()
                 })
             })?
-            .ok_or_else(|| status(&journal::closures::errors::queue_not_found(queue)))
+            .ok_or_else(|| CallError::Domain(journal::closures::errors::queue_not_found(queue)))
     }
 }

@@ -14,14 +14,11 @@ use journal::coordination::errors::{key_not_found, unknown_task, UnknownTaskIn};
 use journal::coordination::{normalize_key, AliveTasks, HeartbeatCheck};
 use journal::pb::coordination::{self as cmd, KvRecord, TaskEntry};
 use journal::pb::update::Command;
-use journal::{errors, Answer, DomainError, Outcome, Wait};
-use prost::Message;
-use proto::coordstore::{HeartbeatRequest, WatchEvent, WatchResponse};
+use journal::{errors, Answer, Outcome, Wait};
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::core::call::required;
-use crate::core::router::forward;
 use crate::core::{now_ms, Call, CallError, CallResult, Core};
 use crate::duties::coordination::CoordinationDuty;
 
@@ -209,9 +206,8 @@ impl Coordination {
         r: cmd::WaitForAllTasks,
     ) -> CallResult<Vec<Bytes>> {
         self.execute(c, r).await?;
-        Ok(self
-            .core
-            .read(c, |s| s.coordination().cluster_device_info())?)
+        self.core
+            .read(c, |s| s.coordination().cluster_device_info())
     }
 
     // ------------------------------------------------------------ reads ----
@@ -234,7 +230,7 @@ impl Coordination {
     /// the next change when `version` is the current one.
     pub async fn watch_tasks(&self, c: &Call, version: i64) -> CallResult<(Vec<TaskView>, i64)> {
         self.wait_read(c, Wait::TaskStates { version }).await?;
-        Ok(self.core.read(c, |s| {
+        self.core.read(c, |s| {
             let views = (0..s.task_count())
                 .map(|i| TaskView {
                     index: i,
@@ -242,18 +238,18 @@ impl Coordination {
                 })
                 .collect();
             (views, s.coordination().tasks_version())
-        })?)
+        })
     }
 
     /// The stored entries of `tasks` (linearizable), for GetTaskState.
     pub async fn task_entries(&self, c: &Call, tasks: &[u32]) -> CallResult<Vec<TaskEntry>> {
         self.linearizable(c).await?;
-        Ok(self.core.read(c, |s| {
+        self.core.read(c, |s| {
             tasks
                 .iter()
                 .map(|&i| s.coordination().task(i).cloned().unwrap_or_default())
                 .collect()
-        })?)
+        })
     }
 
     /// GetKeyValue: the value once the key exists (no server-side timeout).
@@ -275,18 +271,18 @@ impl Coordination {
     /// GetKeyValueDir: entries under `dir`, stored (normalised) keys.
     pub async fn kv_dir(&self, c: &Call, dir: &str) -> CallResult<Vec<(String, Bytes)>> {
         self.linearizable(c).await?;
-        Ok(self.core.read(c, |s| {
+        self.core.read(c, |s| {
             s.coordination()
                 .kv_dir(dir)
                 .into_iter()
                 .map(|(k, e)| (k.to_string(), e.value.clone()))
                 .collect()
-        })?)
+        })
     }
 
     /// A key's record in this node's state (the Node API reads it on the
     /// leader after a read barrier).
-    pub fn kv_record_here(&self, c: &Call, key: &str) -> Result<Option<KvRecord>, Status> {
+    pub fn kv_record_here(&self, c: &Call, key: &str) -> CallResult<Option<KvRecord>> {
         self.core
             .read(c, |s| s.coordination().kv_entry(key).cloned())
     }
@@ -298,7 +294,7 @@ impl Coordination {
         c: &Call,
         prefix: &str,
         limit: usize,
-    ) -> Result<(Vec<(String, Bytes)>, u64), Status> {
+    ) -> CallResult<(Vec<(String, Bytes)>, u64)> {
         let take = if limit == 0 { usize::MAX } else { limit };
         self.core.read(c, |s| {
             let kv = s.coordination();
@@ -323,14 +319,14 @@ impl Coordination {
         key: &str,
         is_dir: bool,
         start_revision: u64,
-    ) -> CallResult<mpsc::Receiver<Result<WatchResponse, Status>>> {
+    ) -> CallResult<mpsc::Receiver<CallResult<WatchBatch>>> {
         self.linearizable(c).await?;
         let target = normalize_key(key);
         let last = match start_revision {
             0 => self.core.read(c, |s| s.coordination().kv_revision())?,
             r => r,
         };
-        let (tx, rx) = mpsc::channel::<Result<WatchResponse, Status>>(16);
+        let (tx, rx) = mpsc::channel::<CallResult<WatchBatch>>(16);
         let watch = Watching {
             target,
             is_dir,
@@ -402,19 +398,7 @@ impl Coordination {
             .on_leader(
                 c,
                 || self.duty.heartbeat(router.leader(), ns, task, incarnation),
-                |ch| {
-                    let mut client = router.node_client(ch);
-                    let req = forward(c, HeartbeatRequest { task, incarnation });
-                    async move {
-                        let reply = client.heartbeat(req).await?.into_inner();
-                        if reply.error.is_empty() {
-                            return Ok(());
-                        }
-                        let e = DomainError::decode(reply.error.as_ref())
-                            .map_err(|e| Status::internal(format!("bad heartbeat answer: {e}")))?;
-                        Err(e.into())
-                    }
-                },
+                |ch| router.forward_heartbeat(ch, c, task, incarnation),
             )
             .await
     }
@@ -437,6 +421,33 @@ fn covers(target: &str, is_dir: bool, key: &str) -> bool {
             && (target.is_empty() || key.strip_prefix(target).is_some_and(|r| r.starts_with('/'))))
 }
 
+/// One message of a watch: the changes of what it watches in revision
+/// order (none in the first, which reports the revision the watch starts
+/// after), everything up to `revision` delivered; `compacted`: the history
+/// it needed is gone, and it ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WatchBatch {
+    /// The changes.
+    pub events: Vec<KvChange>,
+    /// Delivered up to here.
+    pub revision: u64,
+    /// The history is gone (the last message).
+    pub compacted: bool,
+}
+
+/// One change of a watched key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvChange {
+    /// Its revision.
+    pub revision: u64,
+    /// The key, normalised.
+    pub key: String,
+    /// The value set (empty for a delete).
+    pub value: Bytes,
+    /// A delete.
+    pub deleted: bool,
+}
+
 /// What a watch of `target` gets after revision `last`: the events it
 /// covers (a bounded batch), the revision they reach, and whether there is
 /// more; or the revision to start over from if the history no longer
@@ -446,7 +457,7 @@ fn watch_batch(
     target: &str,
     is_dir: bool,
     last: u64,
-) -> Result<(Vec<WatchEvent>, u64, bool), u64> {
+) -> Result<(Vec<KvChange>, u64, bool), u64> {
     let kv = s.coordination();
     let events = kv.kv_events_after(last).map_err(|c| c.revision)?;
     let mut out = Vec::new();
@@ -457,7 +468,7 @@ fn watch_batch(
         }
         upto = e.revision;
         if covers(target, is_dir, &e.key) {
-            out.push(WatchEvent {
+            out.push(KvChange {
                 revision: e.revision,
                 key: e.key.clone(),
                 value: e.value.clone(),
@@ -485,9 +496,9 @@ impl Watching {
         mut self,
         core: Arc<Core>,
         call: Call,
-        tx: mpsc::Sender<Result<WatchResponse, Status>>,
+        tx: mpsc::Sender<CallResult<WatchBatch>>,
     ) {
-        let first = WatchResponse {
+        let first = WatchBatch {
             events: Vec::new(),
             revision: self.last,
             compacted: false,
@@ -508,12 +519,12 @@ impl Watching {
                 watch_batch(s, &self.target, self.is_dir, self.last)
             }) else {
                 let gone = format!("namespace {} was deleted", call.namespace());
-                let _ = tx.send(Err(Status::not_found(gone))).await;
+                let _ = tx.send(Err(Status::not_found(gone).into())).await;
                 return;
             };
             match batch {
                 Err(revision) => {
-                    let compacted = WatchResponse {
+                    let compacted = WatchBatch {
                         events: Vec::new(),
                         revision,
                         compacted: true,
@@ -523,7 +534,7 @@ impl Watching {
                 }
                 Ok((events, upto, more)) => {
                     if !events.is_empty() {
-                        let msg = WatchResponse {
+                        let msg = WatchBatch {
                             events,
                             revision: upto,
                             compacted: false,

@@ -136,7 +136,7 @@ impl Store {
     pub async fn read<T>(&self, call: &Call, f: impl FnOnce(Reader<'_>) -> T) -> CallResult<T> {
         self.after_earlier_writes().await;
         self.core.linearizable(call).await?;
-        Ok(self.core.read(call, |n| f(n.torch()))?)
+        self.core.read(call, |n| f(n.torch()))
     }
 
     /// A write received now.

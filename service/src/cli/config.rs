@@ -391,7 +391,7 @@ pub struct PeerTls {
     pub client: tonic::transport::ClientTlsConfig,
 }
 
-pub use crate::core::namespaces::parse_tf_cluster_spec;
+pub use crate::wire::namespaces::parse_tf_cluster_spec;
 
 fn parse_pairs(s: &str, what: &str) -> Result<Vec<(String, String)>, String> {
     s.split(',')

@@ -271,7 +271,7 @@ impl Call {
     /// and the certificate's names if not. Without client certificates a
     /// call has no identity and every call is admitted (the network is the
     /// boundary). A call a peer forwarded was admitted where it arrived.
-    pub fn admit_cluster_verb(&self, verb: &str, admins: &Admins) -> Result<(), Status> {
+    pub fn admit_cluster_verb(&self, verb: &str, admins: &Admins) -> CallResult<()> {
         if self.admitted || !admins.identities || self.named_admin(admins) {
             return Ok(());
         }
@@ -285,7 +285,8 @@ impl Call {
         };
         Err(Status::permission_denied(format!(
             "{verb} is a cluster verb: {admins} run it; {names}"
-        )))
+        ))
+        .into())
     }
 
     /// Whether the client's certificate names one of `patterns`.
@@ -474,7 +475,7 @@ fn glob(pattern: &str, name: &str) -> bool {
 /// error), a status of the call's own (no leader in time, shutting down,
 /// its deadline), or a step this node could not take as the leader, which
 /// the router retries (see `super::router`).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum CallError {
     /// The state machine's answer.
     Domain(DomainError),
@@ -603,7 +604,8 @@ mod tests {
         let job = as_named(&["job-a"]);
         let e = job
             .admit_cluster_verb("namespace delete", &admins)
-            .unwrap_err();
+            .unwrap_err()
+            .into_plain_status();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(
             e.message().contains("namespace delete")
@@ -625,7 +627,8 @@ mod tests {
         };
         let e = ops
             .admit_cluster_verb("snapshot save", &nobody)
-            .unwrap_err();
+            .unwrap_err()
+            .into_plain_status();
         assert!(e.message().contains("names no admin"), "{e:?}");
         // No identities (no client CA): the network is the boundary.
         let open = Admins::default();

@@ -5,6 +5,7 @@
 //! level itself once every member applies it (`crate::duties::levels`).
 //! See `journal::level` for what each level added.
 
+use super::CallResult;
 use std::time::{Duration, Instant};
 
 use raft::RaftNode;
@@ -19,11 +20,7 @@ const RAISE_WAIT: Duration = Duration::from_secs(5);
 /// below it, the members are asked: if every one applies it, the call waits
 /// (up to [`RAISE_WAIT`]) for the leader to raise the level; otherwise
 /// FAILED_PRECONDITION names those that do not. Nothing is proposed.
-pub async fn require(
-    node: &RaftNode,
-    need: u32,
-    what: impl FnOnce() -> String,
-) -> Result<(), Status> {
+pub async fn require(node: &RaftNode, need: u32, what: impl FnOnce() -> String) -> CallResult<()> {
     if need <= journal::LEVEL_BASE || need <= cluster_level(node) {
         return Ok(());
     }
@@ -51,7 +48,8 @@ pub async fn require(
         journal::level::describe(need),
         lacking.join(", "),
         if lacking.len() == 1 { "lacks" } else { "lack" },
-    )))
+    ))
+    .into())
 }
 
 /// The level the cluster runs at, as this node has applied it.
@@ -60,7 +58,7 @@ pub fn cluster_level(node: &RaftNode) -> u32 {
 }
 
 /// Waits until this node has applied a cluster level of at least `need`.
-async fn wait_raised(node: &RaftNode, need: u32) -> Result<(), Status> {
+async fn wait_raised(node: &RaftNode, need: u32) -> CallResult<()> {
     let deadline = Instant::now() + RAISE_WAIT;
     let mut rx = node.state().subscribe();
     loop {
@@ -73,7 +71,8 @@ async fn wait_raised(node: &RaftNode, need: u32) -> Result<(), Status> {
             return Err(Status::unavailable(format!(
                 "every member applies journal feature level {need}, and the leader has not raised \
                  the cluster to it yet: retry"
-            )));
+            ))
+            .into());
         }
     }
 }

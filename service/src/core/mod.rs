@@ -76,10 +76,10 @@ impl Core {
 
     /// Reads the call's namespace in this node's state; NOT_FOUND naming it
     /// if it does not exist (here, now).
-    pub fn read<T>(&self, call: &Call, f: impl FnOnce(Namespace<'_>) -> T) -> Result<T, Status> {
+    pub fn read<T>(&self, call: &Call, f: impl FnOnce(Namespace<'_>) -> T) -> CallResult<T> {
         self.state(|s| match s.namespace(call.namespace()) {
             Some(n) => Ok(f(n)),
-            None => Err(unknown_namespace(call)),
+            None => Err(journal::namespace::unknown(call.namespace_key()).into()),
         })
     }
 
@@ -218,14 +218,14 @@ impl Core {
     }
 
     /// Proposes `u` for `call` (see [`Router::propose`]).
-    pub async fn propose(&self, call: &Call, u: &mut Update) -> Result<Applied, Status> {
+    pub async fn propose(&self, call: &Call, u: &mut Update) -> CallResult<Applied> {
         self.router.propose(call, u).await
     }
 
     /// Makes the local state safe for a linearizable read (ReadIndex: the
     /// leader confirms its leadership; this node then waits until it has
     /// applied up to the leader's index). Returns the applied index.
-    pub async fn linearizable(&self, call: &Call) -> Result<u64, Status> {
+    pub async fn linearizable(&self, call: &Call) -> CallResult<u64> {
         let index = self.router.read_index(call).await?;
         self.unless_stalled(call, self.parking.wait_applied(index))
             .await?;
@@ -240,15 +240,15 @@ impl Core {
     pub async fn unless_stalled<T>(
         &self,
         call: &Call,
-        wait: impl std::future::Future<Output = Result<T, Status>>,
-    ) -> Result<T, Status> {
+        wait: impl std::future::Future<Output = CallResult<T>>,
+    ) -> CallResult<T> {
         if !call.retried_elsewhere() {
             return wait.await;
         }
         tokio::select! {
             biased;
             r = wait => r,
-            why = self.node().stalls() => Err(stalled(self.node().id(), &why)),
+            why = self.node().stalls() => Err(stalled(self.node().id(), &why).into()),
         }
     }
 
@@ -263,7 +263,7 @@ impl Core {
         epoch: Option<u64>,
         wait: Wait,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<Parked, Status> {
+    ) -> CallResult<Parked> {
         let ns = call.namespace_key();
         let callers = call.deadline().map(tokio::time::Instant::from_std);
         let first = match (deadline, callers) {
@@ -276,7 +276,8 @@ impl Core {
         if parked.is_none() && callers_first {
             return Err(Status::deadline_exceeded(
                 "the caller's deadline passed while the call waited",
-            ));
+            )
+            .into());
         }
         Ok(parked)
     }
@@ -287,9 +288,4 @@ pub fn stalled(id: u64, why: &str) -> Status {
     Status::unavailable(format!(
         "node {id} cannot serve now ({why}): ask another node"
     ))
-}
-
-/// NOT_FOUND naming the call's namespace.
-fn unknown_namespace(call: &Call) -> Status {
-    Status::not_found(format!("namespace {} does not exist", call.namespace()))
 }

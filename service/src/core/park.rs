@@ -23,6 +23,8 @@ use std::task::{Context, Poll};
 
 use journal::{Answer, DomainError, Object, State, Touched, Wait};
 use raft::RaftNode;
+
+use super::{CallError, CallResult};
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -59,6 +61,10 @@ fn kind_index(kind: &str) -> usize {
 pub type Parked = Option<Result<Answer, DomainError>>;
 
 /// The calls parked on this node's applied state: how they wait, and how
+/// The longest a call waits for this node to apply an index its leader
+/// gave (see [`Parking::wait_applied`]).
+pub const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// many there are (in all, by kind and by namespace).
 pub struct Parking {
     node: Arc<RaftNode>,
@@ -106,13 +112,27 @@ impl Parking {
         self.node.state().last_applied().map_or(0, |l| l.index)
     }
 
-    /// Waits until this node has applied `index`.
-    pub async fn wait_applied(&self, index: u64) -> Result<(), Status> {
+    /// Waits until this node has applied `index`, for at most
+    /// [`APPLY_WAIT`]: a node that does not apply what its leader committed
+    /// in that time answers UNAVAILABLE (its clients, relays and agents
+    /// retry) rather than hold the call.
+    pub async fn wait_applied(&self, index: u64) -> CallResult<()> {
         let mut rx = self.node.state().subscribe();
-        while *rx.borrow_and_update() < index {
-            rx.changed().await.map_err(|_| shutting_down())?;
+        let applied = async {
+            while *rx.borrow_and_update() < index {
+                rx.changed().await.map_err(|_| shutting_down())?;
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(APPLY_WAIT, applied).await {
+            Ok(r) => r,
+            Err(_) => Err(Status::unavailable(format!(
+                "this node did not apply log index {index} within {} s (it is at {})",
+                APPLY_WAIT.as_secs(),
+                self.applied_index()
+            ))
+            .into()),
         }
-        Ok(())
     }
 
     /// Waits, on this node's state from log index `index` on, until `wait`
@@ -129,7 +149,7 @@ impl Parking {
         epoch: Option<u64>,
         mut wait: Wait,
         deadline: Option<Instant>,
-    ) -> Result<Parked, Status> {
+    ) -> CallResult<Parked> {
         let applied = self.wait_applied(index);
         match deadline {
             None => applied.await?,
@@ -163,7 +183,7 @@ impl Parking {
                 }
             }
             if self.wakers.is_closed() {
-                return Err(shutting_down());
+                return Err(shutting_down().into());
             }
         }
     }
@@ -193,7 +213,7 @@ impl Parking {
 
     /// Counts a call of `kind` in namespace `ns` as parked, or refuses it
     /// past the node's bound or the namespace's `limit` (0: none).
-    fn count(&self, ns: &str, kind: &str, limit: u64) -> Result<Counted<'_>, Status> {
+    fn count(&self, ns: &str, kind: &str, limit: u64) -> CallResult<Counted<'_>> {
         {
             let mut by_ns = self.namespaces();
             let here = by_ns.entry(ns.to_string()).or_default();
@@ -202,7 +222,8 @@ impl Parking {
                 return Err(Status::resource_exhausted(format!(
                     "namespace {name}: {here} calls are already parked in it on this node, \
                      its limit (--max-parked-calls {limit}); retry later or raise the limit"
-                )));
+                ))
+                .into());
             }
             *here += 1;
         }
@@ -210,11 +231,11 @@ impl Parking {
         if self.max_parked > 0 && before >= self.max_parked {
             self.parked.fetch_sub(1, Ordering::Relaxed);
             self.uncount_namespace(ns);
-            return Err(Status::resource_exhausted(format!(
+            return Err(CallError::from(Status::resource_exhausted(format!(
                 "{before} calls are already parked on this node, its limit \
                  (--max-parked-calls {}); retry later or raise the limit",
                 self.max_parked
-            )));
+            ))));
         }
         debug_assert!(
             KINDS.contains(&kind),

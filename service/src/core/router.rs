@@ -24,7 +24,7 @@ use journal::Update;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
-use proto::coordstore::{ProposeRequest, ReadIndexRequest};
+use proto::coordstore::{HeartbeatRequest, ProposeRequest, ReadIndexRequest};
 use proto::origin::Lanes;
 use raft::{Applied, LeaderView, RaftNode};
 use tonic::transport::Channel;
@@ -90,12 +90,12 @@ struct ReadQueue {
     /// The leader as the newest waiting read found it, and the view it was
     /// found in.
     leader: Option<(Channel, LeaderView)>,
-    waiting: Vec<tokio::sync::oneshot::Sender<Result<u64, Status>>>,
+    waiting: Vec<tokio::sync::oneshot::Sender<CallResult<u64>>>,
 }
 
 type ReadBatch = (
     (Channel, LeaderView),
-    Vec<tokio::sync::oneshot::Sender<Result<u64, Status>>>,
+    Vec<tokio::sync::oneshot::Sender<CallResult<u64>>>,
 );
 
 impl ReadRounds {
@@ -481,7 +481,7 @@ impl Router {
     /// An update that needs a journal feature level the cluster does not run
     /// at is refused here, before it is proposed or forwarded (see
     /// [`super::levels`]).
-    pub async fn propose(&self, call: &Call, u: &mut Update) -> Result<Applied, Status> {
+    pub async fn propose(&self, call: &Call, u: &mut Update) -> CallResult<Applied> {
         super::levels::require(self.node(), u.required_level(), || describe(u)).await?;
         let t0 = Instant::now();
         self.metrics.proposals.inc();
@@ -524,8 +524,7 @@ impl Router {
                     }
                 },
             )
-            .await
-            .map_err(CallError::into_plain_status);
+            .await;
         let took = t0.elapsed();
         if r.is_ok() {
             self.metrics.seconds.observe(took.as_secs_f64());
@@ -534,6 +533,7 @@ impl Router {
             let error = r
                 .as_ref()
                 .err()
+                .map(|e| e.clone().into_plain_status())
                 .map(|s| format!("{:?}: {}", s.code(), s.message()));
             tracing::warn!(
                 ms = took.as_millis() as u64,
@@ -546,24 +546,44 @@ impl Router {
         r
     }
 
+    /// A task's heartbeat forwarded to the leader at `ch` (its
+    /// coordination duty records it): the duty's refusal, if any, is the
+    /// call's domain error.
+    pub async fn forward_heartbeat(
+        &self,
+        ch: Channel,
+        call: &Call,
+        task: u32,
+        incarnation: u64,
+    ) -> CallResult<()> {
+        let mut client = self.node_client(ch);
+        let req = forward(call, HeartbeatRequest { task, incarnation });
+        let reply = client.heartbeat(req).await?.into_inner();
+        if reply.error.is_empty() {
+            return Ok(());
+        }
+        let e = journal::DomainError::decode(reply.error.as_ref())
+            .map_err(|e| Status::internal(format!("bad heartbeat answer: {e}")))?;
+        Err(e.into())
+    }
+
     /// The leader's read index: a log index whose state is safe to read
     /// once applied (the leader has applied it when it answers).
-    pub async fn read_index(&self, call: &Call) -> Result<u64, Status> {
+    pub async fn read_index(&self, call: &Call) -> CallResult<u64> {
         self.on_leader_with(
             call,
             (false, Attempt::Short),
             || async { Ok(self.leader.read_barrier().await?) },
-            |ch| async move { Ok(self.forwarded_read(ch).await?) },
+            |ch| async move { self.forwarded_read(ch).await },
         )
         .await
-        .map_err(CallError::into_plain_status)
     }
 
     /// A read index from the leader at `ch` (the leader this node sees
     /// now), asked after this call: the next [`ReadRounds`] round's. A
     /// round ends as a forward does (a leader change, the forward attempt),
     /// so a leader that hangs holds no read for longer.
-    async fn forwarded_read(&self, ch: Channel) -> Result<u64, Status> {
+    async fn forwarded_read(&self, ch: Channel) -> CallResult<u64> {
         let view = self.node().leader_view();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let start = {
@@ -583,11 +603,11 @@ impl Router {
                     let r = tokio::select! {
                         biased;
                         r = tokio::time::timeout(wait, asked) => match r {
-                            Ok(r) => r.map(|r| r.into_inner().index),
-                            Err(_) => Err(Status::unavailable("the leader did not answer in time")),
+                            Ok(r) => r.map(|r| r.into_inner().index).map_err(CallError::from),
+                            Err(_) => Err(Status::unavailable("the leader did not answer in time").into()),
                         },
                         () = node.leader_moved(view) => {
-                            Err(Status::unavailable("the leader changed during the read round"))
+                            Err(Status::unavailable("the leader changed during the read round").into())
                         }
                     };
                     for tx in batch {
@@ -596,8 +616,9 @@ impl Router {
                 }
             });
         }
-        rx.await
-            .map_err(|_| Status::unavailable("the read round to the leader stopped"))?
+        rx.await.map_err(|_| {
+            CallError::from(Status::unavailable("the read round to the leader stopped"))
+        })?
     }
 }
 

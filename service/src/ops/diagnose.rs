@@ -20,7 +20,7 @@ use proto::coordstore::{
 use tonic::Status;
 
 use crate::core::router::forward;
-use crate::core::{now_ms, Call, CallResult, Core};
+use crate::core::{now_ms, Call, CallError, CallResult, Core};
 use crate::duties::coordination::{liveness_of, Liveness};
 
 /// Missing tasks listed per barrier unless the caller asks for another
@@ -42,21 +42,21 @@ pub fn state_name(s: TaskStatus) -> &'static str {
 }
 
 /// A state filter (`--state`): `None` for every state.
-fn parse_state(s: &str) -> Result<Option<TaskStatus>, Status> {
+fn parse_state(s: &str) -> CallResult<Option<TaskStatus>> {
     match s.to_ascii_lowercase().as_str() {
         "" => Ok(None),
         "connected" => Ok(Some(TaskStatus::Connected)),
         "disconnected" => Ok(Some(TaskStatus::Disconnected)),
         "error" => Ok(Some(TaskStatus::Error)),
-        other => Err(Status::invalid_argument(format!(
+        other => Err(CallError::from(Status::invalid_argument(format!(
             "task state {other:?}: connected, disconnected or error"
-        ))),
+        )))),
     }
 }
 
 /// The index of the task `name` names in `n`: `JOB/ID`,
 /// `/job:JOB/replica:0/task:ID`, or `ID` in a namespace of one job.
-pub fn parse_task(n: &Namespace<'_>, name: &str) -> Result<u32, Status> {
+pub fn parse_task(n: &Namespace<'_>, name: &str) -> CallResult<u32> {
     let tf = name
         .strip_prefix("/job:")
         .and_then(|r| r.split_once('/'))
@@ -68,17 +68,19 @@ pub fn parse_task(n: &Namespace<'_>, name: &str) -> Result<u32, Status> {
             match jobs {
                 [only] => (only.name.clone(), name),
                 _ => {
-                    return Err(Status::invalid_argument(format!(
+                    return Err(CallError::from(Status::invalid_argument(format!(
                         "task {name:?}: name it JOB/ID (namespace {} has {} jobs)",
                         n.name(),
                         jobs.len()
-                    )))
+                    ))))
                 }
             }
         }
     };
     let index = id.parse::<i32>().ok().and_then(|id| n.task_index(&job, id));
-    index.ok_or_else(|| Status::not_found(format!("namespace {} has no task {name}", n.name())))
+    index
+        .ok_or_else(|| Status::not_found(format!("namespace {} has no task {name}", n.name())))
+        .map_err(CallError::from)
 }
 
 /// Task `index` of `n` as the diagnostics show it (`age`: the leader's
@@ -127,7 +129,7 @@ pub fn tasks_here(
     n: &Namespace<'_>,
     liveness: Option<&Liveness>,
     r: &TasksRequest,
-) -> Result<Vec<TaskHealth>, Status> {
+) -> CallResult<Vec<TaskHealth>> {
     let state = parse_state(&r.state)?;
     let indices: Vec<u32> = match r.task.as_str() {
         "" => (0..n.task_count()).collect(),
@@ -187,7 +189,7 @@ pub fn barriers_here(
     n: &Namespace<'_>,
     liveness: Option<&Liveness>,
     r: &BarriersRequest,
-) -> Result<Vec<PendingBarrier>, Status> {
+) -> CallResult<Vec<PendingBarrier>> {
     let limit = match r.missing_limit {
         0 => MISSING_LIMIT,
         l => l as usize,
@@ -244,7 +246,7 @@ pub async fn tasks(core: &Core, c: &Call, r: TasksRequest) -> CallResult<Vec<Tas
     let local = || async {
         router.leader().read_barrier().await?;
         let l = liveness(core);
-        Ok(core.read(c, |n| tasks_here(&n, l.as_deref(), &r))??)
+        core.read(c, |n| tasks_here(&n, l.as_deref(), &r))?
     };
     let remote = |ch| {
         let (mut client, req) = (router.node_client(ch), forward(c, r.clone()));
@@ -263,7 +265,7 @@ pub async fn barriers(
     let local = || async {
         router.leader().read_barrier().await?;
         let l = liveness(core);
-        Ok(core.read(c, |n| barriers_here(&n, l.as_deref(), &r))??)
+        core.read(c, |n| barriers_here(&n, l.as_deref(), &r))?
     };
     let remote = |ch| {
         let (mut client, req) = (router.node_client(ch), forward(c, r.clone()));
@@ -287,10 +289,7 @@ pub async fn barrier_waits(core: &Core, c: &Call) -> CallResult<Vec<NamespaceWai
 /// The pending barriers of `c`'s namespace for a view that must answer:
 /// the leader's within [`ASK_LEADER`] (`true`), else this node's state
 /// without the leader's clocks (`false`: no wait ages, no heartbeat ages).
-pub async fn barriers_or_here(
-    core: &Core,
-    c: &Call,
-) -> Result<(Vec<PendingBarrier>, bool), Status> {
+pub async fn barriers_or_here(core: &Core, c: &Call) -> CallResult<(Vec<PendingBarrier>, bool)> {
     let r = BarriersRequest::default();
     match tokio::time::timeout(ASK_LEADER, barriers(core, c, r.clone())).await {
         Ok(Ok(b)) => Ok((b, true)),

@@ -22,7 +22,7 @@ pub const READY_WAIT: Duration = Duration::from_secs(1);
 pub async fn ready(core: &Core) -> Result<u64, String> {
     match tokio::time::timeout(READY_WAIT, core.linearizable(&Call::internal())).await {
         Ok(Ok(index)) => Ok(index),
-        Ok(Err(s)) => Err(s.message().to_string()),
+        Ok(Err(e)) => Err(e.into_plain_status().message().to_string()),
         Err(_) => Err(format!(
             "no read index from a leader within {} ms",
             READY_WAIT.as_millis()

@@ -11,10 +11,12 @@ use journal::pb::coordination as cmd;
 use proto::coordstore::agent_server::{Agent, AgentServer};
 use proto::coordstore::*;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 use super::{dialect, tf, Area};
-use crate::core::{Call, CallResult};
+use crate::areas::coordination::WatchBatch;
+use crate::core::{Call, CallError, CallResult};
 
 type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
@@ -34,7 +36,7 @@ dialect! {
             super::serve(a.core(), req, configured, errors, |c, r| async move {
                 let watch = a.watch(&c, &r.key, r.is_directory, r.start_revision).await;
                 let stream: WatchStream = match watch {
-                    Ok(rx) => Box::pin(ReceiverStream::new(rx)),
+                    Ok(rx) => Box::pin(ReceiverStream::new(rx).map(watch_response)),
                     Err(e) => return (c, Err(e)),
                 };
                 (c, Ok(stream))
@@ -42,6 +44,27 @@ dialect! {
             .await
         }
     }
+}
+
+/// A watch's message as the Agent API has it (a failure as its plain
+/// status: the watch ends).
+fn watch_response(b: CallResult<WatchBatch>) -> Result<WatchResponse, Status> {
+    let b = b.map_err(CallError::into_plain_status)?;
+    let events = b
+        .events
+        .into_iter()
+        .map(|e| WatchEvent {
+            revision: e.revision,
+            key: e.key,
+            value: e.value,
+            deleted: e.deleted,
+        })
+        .collect();
+    Ok(WatchResponse {
+        events,
+        revision: b.revision,
+        compacted: b.compacted,
+    })
 }
 
 async fn poll_for_error(a: &Area, c: &Call, r: AgentPollRequest) -> CallResult<AgentPollResponse> {

@@ -11,8 +11,9 @@ use proto::coordstore::closure_queue_server::{ClosureQueue, ClosureQueueServer};
 use proto::coordstore::*;
 use tonic::{Request, Response, Status};
 
-use crate::areas::closures::{status as domain_status, Closures};
-use crate::core::Call;
+use crate::areas::closures::Closures;
+use crate::core::call::plain;
+use crate::core::{Call, CallResult};
 
 /// The closure-queue service of one node.
 pub struct ClosureApi {
@@ -29,14 +30,14 @@ impl ClosureApi {
 }
 
 /// The journal message with the same field numbers as `m`.
-fn command<T: Message + Default>(m: &impl Message) -> Result<T, Status> {
+fn command<T: Message + Default>(m: &impl Message) -> CallResult<T> {
     T::decode(m.encode_to_vec().as_slice())
-        .map_err(|e| Status::internal(format!("a request did not read as its command: {e}")))
+        .map_err(|e| Status::internal(format!("a request did not read as its command: {e}")).into())
 }
 
 /// Writes the service: one row per method, each served by the module's
 /// handler of the same name, `async fn m(a: &Closures, c: &Call, r: Req) ->
-/// Result<Resp, Status>`.
+/// CallResult<Resp>`.
 macro_rules! queue {
     ($($method:ident($req:ty) -> $resp:ty;)*) => {
         #[tonic::async_trait]
@@ -45,9 +46,9 @@ macro_rules! queue {
                 async fn $method(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
                     let a = &self.area;
                     let in_namespace = super::door(crate::core::Access::Namespace);
-                    let errors = |_: &Call, d: &journal::DomainError| domain_status(d);
+                    let errors = |_: &Call, d: &journal::DomainError| plain(d);
                     super::serve(a.core(), req, in_namespace, errors, |c, r| async move {
-                        let answer = $method(a, &c, r).await.map_err(crate::core::CallError::from);
+                        let answer = $method(a, &c, r).await;
                         (c, answer)
                     })
                     .await
@@ -73,7 +74,7 @@ queue! {
     release(ReleaseClosuresRequest) -> ReleaseClosuresResponse;
 }
 
-type Answer<T> = Result<T, Status>;
+type Answer<T> = CallResult<T>;
 
 async fn create_queue(
     a: &Closures,

@@ -42,6 +42,7 @@ use crate::core::namespaces::Namespaces;
 use crate::core::router::{forward, Attempt};
 use crate::core::{Access, Call, CallError, CallResult, Core, Retry, UpdateKind};
 use crate::ops::diagnose;
+use crate::wire::namespaces;
 
 /// The `Node` service of one node.
 pub struct NodeApi {
@@ -116,6 +117,13 @@ impl NodeApi {
             async move { Ok(sent.await?.into_inner()) }
         };
         router.on_leader_as(c, attempt, run_local, run_remote).await
+    }
+
+    /// `info` of a namespace just created or imported, once this node has
+    /// tried to open its port (see `Namespaces::opened`), read again then.
+    async fn opened(&self, c: &Call, info: NamespaceInfo) -> CallResult<NamespaceInfo> {
+        self.namespaces.opened(&info.name, info.port).await;
+        Ok(namespaces::info(&self.namespaces, c, &info.name).unwrap_or(info))
     }
 
     /// Runs a namespace lifecycle call on the leader: `local` here, or the
@@ -252,21 +260,25 @@ impl Node for NodeApi {
     async fn create_namespace(&self, req: Request<CreateNamespaceRequest>) -> Reply<NamespaceInfo> {
         let ns = &self.namespaces;
         let local = |c: Call, r: CreateNamespaceRequest| async move {
-            ns.create_here(&c, &r.name, &r.settings.unwrap_or_default(), None)
-                .await
+            let parts = namespaces::settings_to_parts(&r.settings.unwrap_or_default())?;
+            ns.create_here(&c, &r.name, parts, None).await?;
+            namespaces::info(ns, &c, &r.name)
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.create_namespace(r).await };
         let at = door(Access::Cluster("namespace create"));
         self.call(req, at, |c, r| async move {
             let info = self.lifecycle("namespace create", &c, r, local, remote);
-            Ok(ns.opened(&c, info.await?).await)
+            self.opened(&c, info.await?).await
         })
         .await
     }
 
     async fn delete_namespace(&self, req: Request<NamespaceRequest>) -> Reply<NamespaceInfo> {
         let ns = &self.namespaces;
-        let local = |c: Call, r: NamespaceRequest| async move { ns.delete_here(&c, &r.name).await };
+        let local = |c: Call, r: NamespaceRequest| async move {
+            let info = || namespaces::info(ns, &c, &r.name);
+            ns.delete_here(&c, &r.name, info).await
+        };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.delete_namespace(r).await };
         let at = door(Access::Cluster("namespace delete"));
         self.call(req, at, |c, r| async move {
@@ -280,7 +292,8 @@ impl Node for NodeApi {
         let ns = &self.namespaces;
         let at = door(Access::Cluster("namespace reset"));
         self.call(req, at, |c, r: ResetNamespaceRequest| async move {
-            ns.reset(&c, &r.name, r.tasks).await
+            ns.reset(&c, &r.name, r.tasks).await?;
+            namespaces::info(ns, &c, &r.name)
         })
         .await
     }
@@ -288,8 +301,11 @@ impl Node for NodeApi {
     async fn get_namespace(&self, req: Request<NamespaceRequest>) -> Reply<NamespaceInfo> {
         let ns = &self.namespaces;
         let at = named(|r| &r.name, Access::Namespace);
-        self.call(req, at, |c, r| async move { ns.get(&c, &r.name).await })
-            .await
+        self.call(req, at, |c, r| async move {
+            self.core().linearizable(&c).await?;
+            namespaces::info(ns, &c, &r.name)
+        })
+        .await
     }
 
     async fn list_namespaces(
@@ -299,7 +315,11 @@ impl Node for NodeApi {
         // Open, but it lists only the namespaces that admit the caller.
         let ns = &self.namespaces;
         self.call(req, door(Access::Open), |c, _| async move {
-            let namespaces = ns.list(&c).await?;
+            let names = ns.list(&c).await?;
+            let namespaces = names
+                .iter()
+                .filter_map(|name| namespaces::info(ns, &c, name).ok())
+                .collect();
             Ok(ListNamespacesResponse { namespaces })
         })
         .await
@@ -332,13 +352,15 @@ impl Node for NodeApi {
                 tasks: 1,
                 ..Default::default()
             };
-            ns.create_here(&c, &name, &settings, Some(data)).await
+            let parts = namespaces::settings_to_parts(&settings)?;
+            ns.create_here(&c, &name, parts, Some(data)).await?;
+            namespaces::info(ns, &c, &name)
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.import_namespace(r).await };
         let at = door(Access::Cluster("namespace import"));
         self.call(req, at, |c, r| async move {
             let info = self.lifecycle("namespace import", &c, r, local, remote);
-            Ok(ns.opened(&c, info.await?).await)
+            self.opened(&c, info.await?).await
         })
         .await
     }
@@ -608,7 +630,7 @@ fn torch_list_here(
     c: &Call,
     prefix: &str,
     limit: usize,
-) -> Result<(Vec<(String, bytes::Bytes)>, u64), Status> {
+) -> CallResult<(Vec<(String, bytes::Bytes)>, u64)> {
     let take = if limit == 0 { usize::MAX } else { limit };
     core.read(c, |s| {
         let entries = s

@@ -102,15 +102,17 @@ fn failed(s: &tonic::Status) -> Response {
     json_answer(status, &json!({"error": s.message()}))
 }
 
-fn answer(r: Result<Value, tonic::Status>) -> Response {
+fn answer(r: crate::core::CallResult<Value>) -> Response {
     match r {
         Ok(v) => json_answer(StatusCode::OK, &v),
-        Err(s) => failed(&s),
+        Err(e) => failed(&e.into_plain_status()),
     }
 }
 
 fn no_namespace(name: &str) -> tonic::Status {
-    tonic::Status::not_found(format!("namespace {name} does not exist"))
+    crate::core::call::plain(&journal::namespace::unknown(
+        journal::namespace::namespace_key(name),
+    ))
 }
 
 fn found(yes: bool) -> StatusCode {

@@ -14,7 +14,7 @@ use proto::coordstore::{NamespaceWait, PendingBarrier, ReadyRequest, TaskHealth}
 use serde_json::{json, Value};
 use tonic::Status;
 
-use crate::core::{now_ms, Call, Core};
+use crate::core::{now_ms, Call, CallResult, Core};
 use crate::ops::diagnose;
 
 /// How long the cluster view waits for each member's readiness.
@@ -278,7 +278,7 @@ pub fn barrier(b: &PendingBarrier) -> Value {
 }
 
 /// Namespace `name` in full, or NOT_FOUND.
-pub async fn namespace(core: &Core, name: &str) -> Result<Value, Status> {
+pub async fn namespace(core: &Core, name: &str) -> CallResult<Value> {
     let c = Call::internal().in_namespace(name);
     let (barriers, from_leader) = diagnose::barriers_or_here(core, &c).await?;
     let oldest = barriers.iter().filter_map(|b| b.waited_ms).max();
@@ -305,7 +305,7 @@ pub async fn namespace(core: &Core, name: &str) -> Result<Value, Status> {
 }
 
 /// One barrier of namespace `name` (pending or not), or NOT_FOUND.
-pub async fn one_barrier(core: &Core, name: &str, id: &str) -> Result<Value, Status> {
+pub async fn one_barrier(core: &Core, name: &str, id: &str) -> CallResult<Value> {
     let c = Call::internal().in_namespace(name);
     let r = proto::coordstore::BarriersRequest {
         id: id.to_string(),
@@ -322,7 +322,7 @@ pub async fn one_barrier(core: &Core, name: &str, id: &str) -> Result<Value, Sta
 }
 
 /// One task of namespace `name`, or NOT_FOUND.
-pub async fn one_task(core: &Core, name: &str, task_name: &str) -> Result<Value, Status> {
+pub async fn one_task(core: &Core, name: &str, task_name: &str) -> CallResult<Value> {
     let c = Call::internal().in_namespace(name);
     let r = proto::coordstore::TasksRequest {
         state: String::new(),
