@@ -1,6 +1,5 @@
 //! PyTorch's TCPStore protocol on the client side of coordstore
-//! (`docs/pytorch.md`): the handshake as torch's server reads it (shared
-//! with the node), a small client of the protocol (tests and the
+//! (`docs/pytorch.md`): a small client of the protocol (tests and the
 //! benchmark), and the relay's TCPStore side: it holds a stock torch
 //! client's connection and sends each request to a live node over gRPC
 //! (`coordstore.v1.TorchStore`) with the connection's session as the
@@ -12,52 +11,11 @@ use proto::coordstore::torch_store_client::TorchStoreClient;
 use proto::coordstore::{TorchCloseRequest, TorchRequest, TorchStopsRequest};
 use proto::origin::WireOrigin;
 use proto::torch::{encode, Decoder, Op, STOP_WAITING, VALIDATE_MAGIC};
+pub use proto::torch::{handshake, Refused};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::endpoints::Endpoints;
-
-/// Why the handshake refused a connection.
-#[derive(Debug)]
-pub enum Refused {
-    /// It closed before a whole handshake.
-    Closed,
-    /// What was wrong with it.
-    Bad(&'static str),
-    /// The connection broke.
-    Io(std::io::Error),
-}
-
-/// The handshake as torch's libuv server reads it: the connection's first
-/// read must hold the whole VALIDATE with the right number. A VALIDATE cut
-/// short, or with another number, is not answered, and the connection is
-/// refused when more bytes come (the server reads them as a request, and
-/// VALIDATE is not one). `buf` holds what has arrived; the VALIDATE is
-/// consumed, what follows it stays.
-pub async fn handshake<S>(stream: &mut S, buf: &mut BytesMut) -> Result<(), Refused>
-where
-    S: AsyncRead + Unpin,
-{
-    if buf.is_empty() {
-        match stream.read_buf(buf).await {
-            Ok(0) => return Err(Refused::Closed),
-            Ok(_) => {}
-            Err(e) => return Err(Refused::Io(e)),
-        }
-    }
-    let whole = buf.len() >= 5 && buf[0] == 0;
-    if whole && u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) == VALIDATE_MAGIC {
-        buf.advance(5);
-        return Ok(());
-    }
-    let mut more = [0u8; 512];
-    let _ = stream.read(&mut more).await;
-    Err(Refused::Bad(if whole {
-        "a VALIDATE with a wrong number"
-    } else {
-        "the first read is not a whole VALIDATE"
-    }))
-}
 
 /// A TCPStore client speaking the protocol as torch's does (one request at
 /// a time), for tests and the benchmark.

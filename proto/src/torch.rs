@@ -405,6 +405,48 @@ pub fn encode(op: &Op, out: &mut BytesMut) {
     }
 }
 
+/// Why the handshake refused a connection.
+#[derive(Debug)]
+pub enum Refused {
+    /// It closed before a whole handshake.
+    Closed,
+    /// What was wrong with it.
+    Bad(&'static str),
+    /// The connection broke.
+    Io(std::io::Error),
+}
+
+/// The handshake as torch's libuv server reads it: the connection's first
+/// read must hold the whole VALIDATE with the right number. A VALIDATE cut
+/// short, or with another number, is not answered, and the connection is
+/// refused when more bytes come (the server reads them as a request, and
+/// VALIDATE is not one). `buf` holds what has arrived; the VALIDATE is
+/// consumed, what follows it stays.
+pub async fn handshake<S>(stream: &mut S, buf: &mut BytesMut) -> Result<(), Refused>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    if buf.is_empty() {
+        match tokio::io::AsyncReadExt::read_buf(stream, buf).await {
+            Ok(0) => return Err(Refused::Closed),
+            Ok(_) => {}
+            Err(e) => return Err(Refused::Io(e)),
+        }
+    }
+    let whole = buf.len() >= 5 && buf[0] == 0;
+    if whole && u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) == VALIDATE_MAGIC {
+        buf.advance(5);
+        return Ok(());
+    }
+    let mut more = [0u8; 512];
+    let _ = tokio::io::AsyncReadExt::read(stream, &mut more).await;
+    Err(Refused::Bad(if whole {
+        "a VALIDATE with a wrong number"
+    } else {
+        "the first read is not a whole VALIDATE"
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

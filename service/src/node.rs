@@ -15,6 +15,7 @@ use crate::areas::{
     closures::Closures, coordination::Coordination, dispatcher::Dispatcher, torch::Store,
 };
 use crate::cli::config::ServeConfig;
+use crate::core::connections::Connections;
 use crate::core::namespaces::{NamespacePolicy, Namespaces};
 use crate::core::{Core, LocalLeader, Parking, Router};
 use crate::duties::{
@@ -25,6 +26,7 @@ use crate::ops::http;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
 use crate::ports;
 use crate::wire::context::{PeerPort, Tag};
+use crate::wire::listener;
 use crate::wire::node::NodeApi;
 
 /// A running node.
@@ -87,14 +89,16 @@ pub fn check_disk(cfg: &ServeConfig) -> Result<(), String> {
     ))
 }
 
-/// A listener on `addr`, if one is asked for.
+/// A listener on `addr` with an accept queue of `backlog`, if one is asked
+/// for.
 async fn bind_optional(
     addr: &Option<String>,
+    backlog: u32,
 ) -> Result<Option<tokio::net::TcpListener>, ServeError> {
     let Some(a) = addr else {
         return Ok(None);
     };
-    tokio::net::TcpListener::bind(a)
+    listener::bind_named(a, backlog)
         .await
         .map(Some)
         .map_err(|source| ServeError::Bind {
@@ -139,15 +143,15 @@ async fn listen(cfg: &ServeConfig) -> Result<Listeners, ServeError> {
         addr: cfg.listen.clone(),
         source,
     };
-    let main = tokio::net::TcpListener::bind(&cfg.listen)
+    let main = listener::bind_named(&cfg.listen, cfg.listen_backlog)
         .await
         .map_err(bind_err)?;
     let addr = main.local_addr().map_err(bind_err)?;
     Ok(Listeners {
         main,
         addr,
-        peers: bind_optional(&cfg.peer_listen).await?,
-        metrics: bind_optional(&cfg.metrics_listen).await?,
+        peers: bind_optional(&cfg.peer_listen, cfg.listen_backlog).await?,
+        metrics: bind_optional(&cfg.metrics_listen, cfg.listen_backlog).await?,
     })
 }
 
@@ -222,6 +226,8 @@ fn parts(cfg: &ServeConfig, core: &Arc<Core>, metrics: &Arc<Metrics>, addr: Sock
         tls: cfg.client_tls.clone(),
         store: Store::new(core.clone()),
         torch_plaintext: cfg.torch_plaintext,
+        connections: metrics.connections().clone(),
+        backlog: cfg.listen_backlog,
     };
     Parts {
         services,
@@ -286,10 +292,12 @@ fn serve_main(
         .map_err(ServeError::Tls)?
         .layer(GrpcMetricsLayer(s.metrics.clone()))
         .add_routes(routes.routes());
-    let torch = s.torch_port(journal::DEFAULT_NAMESPACE);
-    let incoming = crate::wire::torch::incoming(listener, torch);
+    let (accepting, close) = s.port(journal::DEFAULT_NAMESPACE);
+    let incoming = listener::incoming(listener, accepting);
     let server = tokio::spawn(grpc.serve_with_incoming_shutdown(incoming, async {
         let _ = stop.await;
+        // The port closes: its TCPStore connections end too.
+        drop(close);
     }));
     Ok((server, health_reporter))
 }
@@ -304,7 +312,11 @@ pub async fn start(cfg: ServeConfig) -> Result<RunningNode, ServeError> {
     let listeners = listen(&cfg).await?;
     let node = raft_node(&cfg).await?;
     let core = core(&cfg, &node);
-    let metrics = Arc::new(Metrics::new(&core).with_namespace_series(cfg.metrics_namespaces));
+    let connections = Connections::new(cfg.max_connections.0, cfg.max_connections.1);
+    let metrics = Metrics::new(&core)
+        .with_namespace_series(cfg.metrics_namespaces)
+        .with_connections(connections);
+    let metrics = Arc::new(metrics);
     let parts = parts(&cfg, &core, &metrics, listeners.addr);
     let peer_server = match listeners.peers {
         Some(l) => Some(serve_peers(&cfg, &node, &parts, l)?),

@@ -11,16 +11,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::areas::{
     closures::Closures, coordination::Coordination, dispatcher::Dispatcher, torch::Store,
 };
+use crate::core::connections::Connections;
 use crate::core::namespaces::Namespaces;
 use crate::core::Core;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
 use crate::wire::context::{PortNamespace, Tag};
+use crate::wire::listener;
 use crate::wire::torch::{grpc::TorchApi, TorchPort};
 use crate::wire::{
     agent::AgentApi, closures::ClosureApi, tf::TfService, tfdata::TfDataService, xla::XlaService,
@@ -51,6 +53,10 @@ pub struct Services {
     /// With TLS, whether the main port serves TCPStore in plaintext
     /// (`--torch-plaintext`).
     pub torch_plaintext: bool,
+    /// The node's connection bounds.
+    pub connections: Arc<Connections>,
+    /// The accept queue every port is bound with.
+    pub backlog: u32,
 }
 
 impl Services {
@@ -79,6 +85,19 @@ impl Services {
             main_plaintext: self.torch_plaintext,
         }
     }
+
+    /// The listener side of namespace `namespace`'s port (see
+    /// [`listener::incoming`]), and what closes its TCPStore connections
+    /// (a send, or its drop).
+    pub fn port(&self, namespace: &str) -> (listener::Port, watch::Sender<()>) {
+        let (close, closed) = watch::channel(());
+        let port = listener::Port {
+            torch: self.torch_port(namespace),
+            connections: self.connections.clone(),
+            closed,
+        };
+        (port, close)
+    }
 }
 
 /// A gRPC server as every port of a node has it: Nagle off, HTTP/2
@@ -97,8 +116,8 @@ pub fn server(
 
 /// The connections `listener` accepts, Nagle off (tonic's own setting only
 /// covers the listeners it binds itself): small replies must not wait for
-/// ACKs. (A client port's listener also serves TCPStore: see
-/// [`crate::wire::torch::incoming`].)
+/// ACKs. (A client port's listener also serves TCPStore and holds the
+/// connection bounds: see [`listener::incoming`].)
 pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
@@ -108,6 +127,8 @@ struct Open {
     port: u32,
     stop: Option<oneshot::Sender<()>>,
     server: JoinHandle<()>,
+    /// Ends its TCPStore connections (on drop).
+    _close: watch::Sender<()>,
 }
 
 /// Keeps this node's namespace listeners in step with the state.
@@ -186,7 +207,7 @@ async fn close(mut o: Open) {
 /// Opens namespace `name`'s port on `host`.
 async fn serve(services: &Services, host: &str, name: &str, port: u32) -> Result<Open, String> {
     let port16 = u16::try_from(port).map_err(|_| format!("port {port} is not a TCP port"))?;
-    let listener = tokio::net::TcpListener::bind((host, port16))
+    let listener = listener::bind_named(&format!("{host}:{port16}"), services.backlog)
         .await
         .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
     let router = server(services.tls.as_ref())
@@ -194,7 +215,8 @@ async fn serve(services: &Services, host: &str, name: &str, port: u32) -> Result
         .layer(GrpcMetricsLayer(services.metrics.clone()))
         .layer(Tag(PortNamespace(name.to_string())))
         .add_routes(services.client_routes().routes());
-    let incoming = crate::wire::torch::incoming(listener, services.torch_port(name));
+    let (accepting, close) = services.port(name);
+    let incoming = listener::incoming(listener, accepting);
     let (stop, stopped) = oneshot::channel::<()>();
     let label = name.to_string();
     let server = tokio::spawn(async move {
@@ -212,5 +234,6 @@ async fn serve(services: &Services, host: &str, name: &str, port: u32) -> Result
         port,
         stop: Some(stop),
         server,
+        _close: close,
     })
 }

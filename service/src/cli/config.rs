@@ -20,6 +20,11 @@ use crate::duties::dispatcher::TfDataConfig;
 
 /// The documented default client and peer port.
 pub const DEFAULT_PORT: u16 = 7470;
+/// The default bound on a node's client connections (`--max-connections`):
+/// far above what a job's ranks need, below what exhausts a host's memory.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 262_144;
+/// The default bound on one namespace's connections on a node.
+pub const DEFAULT_MAX_CONNECTIONS_PER_NAMESPACE: usize = 131_072;
 
 /// Writes `over`, the merge of two option groups: each of `opt` (Options)
 /// set here wins, else `other`'s; each of `list` (Vecs) here if non-empty.
@@ -92,6 +97,18 @@ pub struct ServeOptions {
     /// barriers, polls...); past it RESOURCE_EXHAUSTED; 0 = no bound [default: 400000]
     #[arg(long)]
     pub max_parked_calls: Option<u64>,
+    /// Most connections open at once on this node's client ports; past it a
+    /// new connection is closed at once; 0 = no bound [default: 262144]
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Most connections open at once in one namespace (its port, or the
+    /// main port for the default namespace) on this node; 0 = no bound [default: 131072]
+    #[arg(long)]
+    pub max_connections_per_namespace: Option<usize>,
+    /// The accept queue of every port this node listens on (the kernel caps
+    /// it at net.core.somaxconn) [default: somaxconn, at least 4096]
+    #[arg(long)]
+    pub listen_backlog: Option<u32>,
     /// HOST:PORT to serve Prometheus `/metrics`, `/healthz` and `/readyz`
     /// on (HTTP) [default: none]
     #[arg(long)]
@@ -349,6 +366,10 @@ pub struct ServeConfig {
     pub tf_addresses: BTreeMap<String, Vec<String>>,
     /// Most client calls parked at once (0: no bound).
     pub max_parked_calls: u64,
+    /// Most connections on the client ports, and per namespace (0: none).
+    pub max_connections: (usize, usize),
+    /// The accept queue of every port.
+    pub listen_backlog: u32,
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
     pub metrics_listen: Option<String>,
     /// How log lines look.
@@ -472,6 +493,9 @@ impl ServeOptions {
             leader_wait_ms,
             forward_attempt_ms,
             max_parked_calls,
+            max_connections,
+            max_connections_per_namespace,
+            listen_backlog,
             metrics_listen,
             log_format,
             slow_request_ms,
@@ -481,7 +505,17 @@ impl ServeOptions {
         )
     }
 
+    /// `--max-connections` and `--max-connections-per-namespace`.
+    fn connection_bounds(&self) -> (usize, usize) {
+        (
+            self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+            self.max_connections_per_namespace
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_NAMESPACE),
+        )
+    }
+
     fn finish(self) -> Result<ServeConfig, String> {
+        let max_connections = self.connection_bounds();
         let node_id = self.node_id.unwrap_or(1);
         if node_id == 0 {
             return Err("--node-id must be > 0".into());
@@ -524,6 +558,10 @@ impl ServeOptions {
             max_parked_calls: self
                 .max_parked_calls
                 .unwrap_or(crate::core::park::DEFAULT_MAX_PARKED_CALLS),
+            max_connections,
+            listen_backlog: self
+                .listen_backlog
+                .unwrap_or_else(crate::wire::listener::default_backlog),
             peer_token: security.peer_token,
             tfdata: self.tfdata.config(),
             metrics_listen: self.metrics_listen,

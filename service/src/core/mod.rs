@@ -5,6 +5,7 @@
 //! parked-call engine ([`park`]). [`Core`] bundles them for the areas.
 
 pub mod call;
+pub mod connections;
 pub mod leader;
 pub mod levels;
 pub mod namespaces;

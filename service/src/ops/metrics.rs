@@ -16,6 +16,7 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::core::connections::Connections;
 use crate::core::Core;
 use crate::duties::coordination::liveness_of;
 
@@ -75,6 +76,10 @@ pub struct Metrics {
     ns_series: usize,
     /// The disk's health (gray failures).
     disk: DiskGauges,
+    /// The node's client connections and their bounds.
+    connections: Arc<Connections>,
+    open_connections: IntGauge,
+    refused_connections: IntCounterVec,
 }
 
 /// The disk's health, read off the node at scrape time.
@@ -396,6 +401,22 @@ impl Metrics {
                 "The journal feature level the cluster runs at (the lowest its members apply, once raised)",
             ),
             disk: DiskGauges::new(&registry),
+            connections: Connections::new(0, 0),
+            open_connections: gauge(
+                "connections",
+                "Connections open on this node's client ports (TCPStore and gRPC)",
+            ),
+            refused_connections: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "connections_refused_total",
+                        "Connections closed at accept, by the bound they met (node, namespace)",
+                    ),
+                    &["bound"],
+                )
+                .expect("valid counter"),
+            ),
             registry,
         };
         let proposals = core.router().metrics().clone();
@@ -409,6 +430,17 @@ impl Metrics {
             m.registry.register(c).expect("unique metric names");
         }
         m
+    }
+
+    /// The same metrics reading the node's connections off `connections`.
+    pub fn with_connections(mut self, connections: Arc<Connections>) -> Self {
+        self.connections = connections;
+        self
+    }
+
+    /// The node's connections and their bounds.
+    pub fn connections(&self) -> &Arc<Connections> {
+        &self.connections
     }
 
     /// The same metrics with series of their own for at most `n` namespaces
@@ -550,6 +582,12 @@ impl Metrics {
         });
         self.feature_level.set(i64::from(journal::FEATURE_LEVEL));
         self.disk.render(node);
+        self.open_connections.set(self.connections.open() as i64);
+        let (at_node, at_namespace) = self.connections.refused();
+        for (bound, n) in [("node", at_node), ("namespace", at_namespace)] {
+            let c = self.refused_connections.with_label_values(&[bound]);
+            c.inc_by(n.saturating_sub(c.get()));
+        }
         self.rss_bytes.set(rss_bytes() as i64);
         let mut out = Vec::new();
         TextEncoder::new()

@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod closures;
 pub mod context;
+pub mod listener;
 pub mod namespaces;
 pub mod node;
 pub mod tf;

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::areas::torch::{Store, Written};
 use crate::core::{Call, CallError, CallResult};
-use agent::torch::{handshake, Refused};
+use proto::torch::{handshake, Refused};
 use proto::torch::{
     put_bytes, put_i64, Decoder, Op, NOT_READY, READY, STOP_WAITING, WAIT_CANCELED,
 };
@@ -147,6 +147,20 @@ where
     }
 }
 
+/// What a relayed request leaves for its relay (see [`Session::carried`]).
+pub struct Carried {
+    /// The bytes to answer the client with.
+    pub reply: bytes::Bytes,
+    /// The last sequence number used.
+    pub seq: u64,
+    /// STOP_WAITING written so far.
+    pub written: u64,
+    /// The state has a record of the connection.
+    pub recorded: bool,
+    /// A wait stands: watch it from this index.
+    pub watch_at: Option<u64>,
+}
+
 /// One connection's session: what its requests need to be run, by the
 /// node that holds the connection or, for a relayed one, by whichever
 /// node a request reaches (the relay carries the rest).
@@ -159,17 +173,17 @@ pub struct Session {
     /// The session's client id (the state knows the connection by it).
     id: u64,
     /// The last sequence number used.
-    pub seq: u64,
+    seq: u64,
     /// STOP_WAITING written so far (the state counts those owed).
-    pub written: u64,
+    written: u64,
     /// Whether the state has a record of the connection (it waited).
-    pub recorded: bool,
+    recorded: bool,
     /// A wait stands since the last request: watch it from this index.
-    pub watch_at: Option<u64>,
+    watch_at: Option<u64>,
     /// The last request cancelled the waits.
-    pub cancelled: bool,
+    cancelled: bool,
     /// What to write to the client.
-    pub out: BytesMut,
+    out: BytesMut,
     /// A relayed connection: its node is whichever its relay reaches (the
     /// node watching its waits says it is alive).
     relayed: bool,
@@ -195,6 +209,20 @@ impl Session {
             cancelled: false,
             out: BytesMut::new(),
             relayed: false,
+        }
+    }
+
+    /// What a relayed request leaves for its relay to carry: the bytes to
+    /// answer with, and the session after it (the last sequence number,
+    /// STOP_WAITING written, whether the state has a record, and the index
+    /// a standing wait is watched from).
+    pub fn carried(&mut self) -> Carried {
+        Carried {
+            reply: self.out.split().freeze(),
+            seq: self.seq,
+            written: self.written,
+            recorded: self.recorded,
+            watch_at: self.watch_at,
         }
     }
 

@@ -121,13 +121,14 @@ async fn request(store: &Arc<Store>, c: &Call, r: TorchRequest) -> CallResult<To
     if let Some(Ended::Unavailable(status)) = ended {
         return Err(status.into());
     }
+    let after = s.carried();
     Ok(TorchReply {
-        reply: s.out.split().freeze(),
-        written: s.written,
-        recorded: s.recorded,
-        waiting: s.watch_at.is_some(),
-        index: s.watch_at.unwrap_or(0),
-        last_seq: s.seq,
+        reply: after.reply,
+        written: after.written,
+        recorded: after.recorded,
+        waiting: after.watch_at.is_some(),
+        index: after.watch_at.unwrap_or(0),
+        last_seq: after.seq,
         close: ended.is_some(),
         why: ended.map(|e| format!("{e:?}")).unwrap_or_default(),
     })

@@ -1,9 +1,8 @@
 //! PyTorch's c10d TCPStore protocol (torch 2.15; `docs/pytorch.md`) on
 //! every client port: the main port (the default namespace) and each
-//! namespace's. A connection is told apart by its first byte — HTTP/2's
-//! preface (`P`) or a TLS ClientHello (`0x16`) goes to gRPC, TCPStore's
-//! VALIDATE (`0x00`) to a [`conn::Session`] — so a job has one address for
-//! every framework.
+//! namespace's. The port's listener (`super::listener`) hands a connection
+//! whose first byte is TCPStore's VALIDATE to [`accept`], which admits it
+//! and serves it as a [`conn::Session`].
 //!
 //! torch's client has no TLS: on a port with TLS a plaintext TCPStore
 //! connection is refused (closed at once) unless its namespace allows it
@@ -17,17 +16,8 @@ pub mod grpc;
 
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-
 use crate::areas::torch::Store;
 use crate::core::{Access, Call, CallContext};
-
-/// The first byte of a TCPStore connection (its VALIDATE).
-const TORCH_FIRST_BYTE: u8 = 0;
-/// Accepted gRPC connections not yet taken by the server.
-const BACKLOG: usize = 1024;
 
 /// What one client port serves in TCPStore's protocol.
 #[derive(Clone)]
@@ -56,55 +46,12 @@ impl TorchPort {
     }
 }
 
-/// The connections `listener` accepts that are not TCPStore's, Nagle off,
-/// for the port's gRPC server; TCPStore connections are served here, by
-/// `torch`. Accepting stops when the gRPC server drops the stream.
-pub fn incoming(
-    listener: TcpListener,
-    torch: TorchPort,
-) -> ReceiverStream<std::io::Result<TcpStream>> {
-    let (tx, rx) = mpsc::channel(BACKLOG);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = tx.closed() => return,
-                a = listener.accept() => a,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    let (tx, torch) = (tx.clone(), torch.clone());
-                    tokio::spawn(split(stream, tx, torch));
-                }
-                Err(e) => {
-                    tracing::debug!("accept: {e}");
-                    if tx.send(Err(e)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    ReceiverStream::new(rx)
-}
-
-/// Hands `stream` to gRPC or serves it as a TCPStore connection, by its
-/// first byte.
-async fn split(
-    stream: TcpStream,
-    grpc: mpsc::Sender<std::io::Result<TcpStream>>,
-    torch: TorchPort,
-) {
-    let mut first = [0u8; 1];
-    match stream.peek(&mut first).await {
-        Ok(1) if first[0] == TORCH_FIRST_BYTE => {}
-        // gRPC (or whatever it is: the gRPC server answers it).
-        Ok(_) => {
-            let _ = grpc.send(Ok(stream)).await;
-            return;
-        }
-        Err(_) => return,
-    }
+/// Admits `stream`, a TCPStore connection on `torch`'s port, and serves it
+/// until it ends.
+pub async fn accept<S>(stream: S, torch: TorchPort)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     // Admitted once, as any call: the port's namespace, a session id the
     // router draws; every request is a call made of this one.
     let core = torch.store.core();
@@ -116,7 +63,6 @@ async fn split(
     if let Err(e) = core.admit(&call, torch.access()).await {
         tracing::info!(
             namespace = torch.namespace,
-            peer = ?stream.peer_addr().ok(),
             "refused a TCPStore connection: {}",
             e.into_plain_status().message()
         );
