@@ -183,7 +183,10 @@ fn core(cfg: &ServeConfig, node: &Arc<RaftNode>) -> Arc<Core> {
         .with_forward_attempt(Duration::from_millis(cfg.forward_attempt_ms))
         .with_slow_request(Duration::from_millis(cfg.slow_request_ms));
     log_admins(&cfg.admins);
-    Arc::new(Core::new(router, parking, wait).with_admins(cfg.admins.clone()))
+    let core = Core::new(router, parking, wait)
+        .with_admins(cfg.admins.clone())
+        .with_peer_port(cfg.peer_listen.is_some());
+    Arc::new(core)
 }
 
 /// The areas over `core`, the leader runtime with every duty, and the
@@ -251,11 +254,17 @@ fn serve_peers(
         parts.namespaces.clone(),
         s.max_message_bytes,
     );
+    let node_peer = NodeApi::peer_server(
+        s.coordination.clone(),
+        parts.namespaces.clone(),
+        s.max_message_bytes,
+    );
     let peers = ports::server(peer_tls)
         .map_err(ServeError::Tls)?
         .layer(GrpcMetricsLayer(s.metrics.clone()))
         .layer(Tag(PeerPort))
         .add_service(node.peer_service())
+        .add_service(node_peer)
         .add_service(node_api);
     let incoming = ports::incoming(listener);
     Ok(tokio::spawn(async move {
@@ -286,6 +295,11 @@ fn serve_main(
     );
     routes.add_service(health).add_service(node_api);
     if with_peers {
+        routes.add_service(NodeApi::peer_server(
+            s.coordination.clone(),
+            parts.namespaces.clone(),
+            s.max_message_bytes,
+        ));
         routes.add_service(node.peer_service());
     }
     let grpc = ports::server(cfg.client_tls.as_ref())

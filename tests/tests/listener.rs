@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use agent::torch::StoreClient;
 use coordstore_tests::wait::{holds, wait};
-use coordstore_tests::{free_port, http_get, metric_sample, node_host, ns, Cluster};
+use coordstore_tests::{connect, free_port, http_get, metric_sample, node_host, ns, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -61,6 +61,7 @@ async fn every_port_listens_deep_and_4096_clients_connect_at_once() {
             "the {what} port's accept queue: {got:?}, want at least {want}"
         );
     }
+    peer_calls_are_answered_on_the_peer_port_only(&main, &peer).await;
     let t0 = Instant::now();
     let connects = (0..4096u32).map(|i| {
         let addr = main.clone();
@@ -89,6 +90,46 @@ async fn every_port_listens_deep_and_4096_clients_connect_at_once() {
         failed.len(),
         failed.first()
     );
+}
+
+/// A node-to-node call is answered on the peer port only, where a node's
+/// peers have a port of their own: the client port does not serve NodePeer,
+/// and refuses Node's method of the same name (which builds before NodePeer
+/// call).
+async fn peer_calls_are_answered_on_the_peer_port_only(main: &str, peer: &str) {
+    use proto::coordstore::node_peer_client::NodePeerClient;
+    use proto::coordstore::ReadIndexRequest;
+    let channel = |addr: &str| {
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy()
+    };
+    let on_main = NodePeerClient::new(channel(main))
+        .read_index(ReadIndexRequest {})
+        .await;
+    assert_eq!(
+        on_main.as_ref().map_err(tonic::Status::code).err(),
+        Some(tonic::Code::Unimplemented),
+        "NodePeer on the client port: {on_main:?}"
+    );
+    let legacy = connect(main, WAIT)
+        .await
+        .read_index(ReadIndexRequest {})
+        .await;
+    assert_eq!(
+        legacy.as_ref().map_err(tonic::Status::code).err(),
+        Some(tonic::Code::PermissionDenied),
+        "Node's ReadIndex on the client port: {legacy:?}"
+    );
+    NodePeerClient::new(channel(peer))
+        .read_index(ReadIndexRequest {})
+        .await
+        .expect("NodePeer on the peer port");
+    connect(peer, WAIT)
+        .await
+        .read_index(ReadIndexRequest {})
+        .await
+        .expect("Node's ReadIndex on the peer port");
 }
 
 /// Past the node's bound (`--max-connections`) and a namespace's

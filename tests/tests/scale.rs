@@ -165,15 +165,20 @@ async fn a_burst_of_16384_writes_through_a_follower_all_land() {
     assert_eq!(keys, CONNS * PER_CONN, "every write is in the state");
 }
 
-/// ReadIndex calls the node whose metrics listen at `http` has answered.
+/// ReadIndex calls the node whose metrics listen at `http` has answered
+/// (peers ask through NodePeer; builds before it through Node).
 fn read_index_calls(http: &str) -> f64 {
     eventually_blocking(format!("metrics at {http}"), WAIT, || {
         match http_get(http, "/metrics") {
-            Some((200, text)) => Ok(metric_sample(
-                &text,
-                r#"coordstore_grpc_calls_total{code="Ok",method="/coordstore.v1.Node/ReadIndex"}"#,
-            )
-            .unwrap_or(0.0)),
+            Some((200, text)) => Ok(["NodePeer", "Node"]
+                .iter()
+                .map(|service| {
+                    let name = format!(
+                        r#"coordstore_grpc_calls_total{{code="Ok",method="/coordstore.v1.{service}/ReadIndex"}}"#
+                    );
+                    metric_sample(&text, &name).unwrap_or(0.0)
+                })
+                .sum::<f64>()),
             other => Err(other),
         }
     })

@@ -73,6 +73,9 @@ pub enum Access<'a> {
     /// A membership change: a cluster verb (named for the refusal) that
     /// also needs the cluster's peer token, when it has one.
     Membership(&'a str),
+    /// A node-to-node call (a read index, a forwarded heartbeat): on a node
+    /// whose peers have a port of their own, only there.
+    Peer,
 }
 
 /// What kind of journal command an update from outside carries (the
@@ -192,6 +195,12 @@ impl Call {
             .as_deref()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Whether it was admitted already (see [`Call::internal`]; it arrived
+    /// on the peer port).
+    pub fn is_admitted(&self) -> bool {
+        self.admitted
     }
 
     /// Whether its client sends it to another node when this one answers

@@ -30,6 +30,8 @@ pub struct Core {
     parking: Parking,
     ready_wait: Duration,
     admins: Admins,
+    /// Peers have a port of their own (see [`Core::with_peer_port`]).
+    peer_port: bool,
 }
 
 impl Core {
@@ -41,12 +43,20 @@ impl Core {
             parking,
             ready_wait,
             admins: Admins::default(),
+            peer_port: false,
         }
     }
 
     /// The same core with the cluster's admin identity.
     pub fn with_admins(mut self, admins: Admins) -> Self {
         self.admins = admins;
+        self
+    }
+
+    /// The same core on a node whose peers have a port of their own
+    /// (`--peer-listen`): node-to-node calls are admitted there only.
+    pub fn with_peer_port(mut self, apart: bool) -> Self {
+        self.peer_port = apart;
         self
     }
 
@@ -143,6 +153,11 @@ impl Core {
                 )
                 .into()),
             },
+            Access::Peer if call.is_admitted() || !self.peer_port => Ok(()),
+            Access::Peer => Err(Status::permission_denied(
+                "a node-to-node call: this node's peers call it on its peer port (--peer-listen)",
+            )
+            .into()),
             Access::Membership(verb) => {
                 call.admit_cluster_verb(verb, &self.admins)?;
                 let presented = call.peer_credentials();

@@ -24,6 +24,7 @@ use journal::Update;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::node_peer_client::NodePeerClient;
 use proto::coordstore::{HeartbeatRequest, ProposeRequest, ReadIndexRequest};
 use proto::origin::Lanes;
 use raft::{Applied, LeaderView, RaftNode};
@@ -504,15 +505,13 @@ impl Router {
                 },
                 |ch| {
                     // Encoded for a forward only: the leader proposes `u` itself.
-                    let req = forward(
-                        call,
-                        ProposeRequest {
-                            update: u.encode_to_vec().into(),
-                        },
-                    );
-                    let mut client = self.node_client(ch);
+                    let req = ProposeRequest {
+                        update: u.encode_to_vec().into(),
+                    };
+                    let max = self.max_message_bytes;
                     async move {
-                        let reply = client.propose(req).await?.into_inner();
+                        let reply =
+                            peer_call!(ch, max, propose, forward(call, req.clone()))?.into_inner();
                         let outcome =
                             journal::Outcome::decode(reply.outcome.as_ref()).map_err(|e| {
                                 Status::internal(format!("bad outcome from leader: {e}"))
@@ -556,9 +555,9 @@ impl Router {
         task: u32,
         incarnation: u64,
     ) -> CallResult<()> {
-        let mut client = self.node_client(ch);
-        let req = forward(call, HeartbeatRequest { task, incarnation });
-        let reply = client.heartbeat(req).await?.into_inner();
+        let req = HeartbeatRequest { task, incarnation };
+        let max = self.max_message_bytes;
+        let reply = peer_call!(ch, max, heartbeat, forward(call, req))?.into_inner();
         if reply.error.is_empty() {
             return Ok(());
         }
@@ -598,8 +597,8 @@ impl Router {
             let (wait, node) = (self.attempt.min(self.leader_wait), self.node().clone());
             tokio::spawn(async move {
                 while let Some(((ch, view), batch)) = rounds.next_batch() {
-                    let mut c = node_client(ch, max);
-                    let asked = c.read_index(forwarded(ReadIndexRequest {}));
+                    let asked =
+                        async { peer_call!(ch, max, read_index, forwarded(ReadIndexRequest {})) };
                     let r = tokio::select! {
                         biased;
                         r = tokio::time::timeout(wait, asked) => match r {
@@ -657,6 +656,27 @@ pub fn forward<M>(call: &Call, msg: M) -> tonic::Request<M> {
     }
     req
 }
+
+/// A peer call `method` of `request` (made anew for each try) to the leader
+/// at `ch`: through `NodePeer`, or, to a build before it (UNIMPLEMENTED),
+/// through `Node`'s method of the same name.
+macro_rules! peer_call {
+    ($ch:expr, $max:expr, $method:ident, $request:expr) => {{
+        let ch: Channel = $ch;
+        let asked = NodePeerClient::new(ch.clone())
+            .max_decoding_message_size($max)
+            .max_encoding_message_size($max)
+            .$method($request)
+            .await;
+        match asked {
+            Err(s) if s.code() == Code::Unimplemented => {
+                node_client(ch, $max).$method($request).await
+            }
+            answer => answer,
+        }
+    }};
+}
+use peer_call;
 
 /// A Node API client on `ch` with `max` bytes per message either way.
 fn node_client(ch: Channel, max: usize) -> NodeClient<Channel> {

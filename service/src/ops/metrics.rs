@@ -654,12 +654,14 @@ fn bucket(mut rows: Vec<Row>, n: usize) -> Vec<Row> {
 
 /// Whether `path` names a method of a service this node serves.
 fn known_path(path: &str) -> bool {
-    const SERVICES: [&str; 8] = [
+    const SERVICES: [&str; 10] = [
         "/xla.coordination.CoordinationService/",
         "/tensorflow.CoordinationService/",
         "/tensorflow.data.DispatcherService/",
         "/coordstore.v1.Node/",
+        "/coordstore.v1.NodePeer/",
         "/coordstore.v1.Agent/",
+        "/coordstore.v1.TorchStore/",
         "/coordstore.v1.ClosureQueue/",
         "/coordstore.v1.RaftPeer/",
         "/grpc.health.v1.Health/",

@@ -1,0 +1,199 @@
+//! coordstore's own `Node` API, three kinds of calls on one service:
+//!
+//! * status and reads for operators and tools (`coordstore ctl`, tests):
+//!   Status, KvGet, KvList, State — a read runs on the leader after a read
+//!   barrier (a follower forwards the whole call);
+//! * the namespace lifecycle (create, delete, reset, get, list, export,
+//!   import);
+//! * diagnostics (Tasks, Barriers, BarrierWaits: why a job is stuck, read
+//!   on the leader, which alone knows heartbeat times; see
+//!   [`crate::ops::diagnose`]) and a node's readiness (Ready);
+//! * membership changes (AddMember, RemoveMember), refused without the
+//!   cluster's peer token when it has one;
+//! * what nodes ask each other (Propose, ReadIndex, Heartbeat): a follower
+//!   forwards its clients' calls to the leader through them. Propose admits
+//!   only commands a client may issue, whatever headers the request carries
+//!   (see [`propose_door`]).
+//!
+//! Every method runs the one pipeline of every service (`super::serve`):
+//! the call's context, its admission for what the method needs ([`Access`],
+//! through [`Core::admit`]), the method's body, the error as its status.
+//! What each needs: the status and a read index are open to anyone who
+//! reached the port; a namespace's views and data admit its own clients and
+//! the admins; the cluster verbs (namespace create, delete, reset, export
+//! and import, a job epoch reset, the whole state for a backup, membership
+//! changes) admit only the admins.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use journal::Update;
+use prost::Message;
+use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::node_peer_server::{NodePeer, NodePeerServer};
+use proto::coordstore::node_server::{Node, NodeServer};
+use proto::coordstore::*;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use super::{door, serve, Door};
+use crate::areas::coordination::Coordination;
+use crate::core::call::plain;
+use crate::core::namespaces::Namespaces;
+use crate::core::router::{forward, Attempt};
+use crate::core::{Access, Call, CallError, CallResult, Core, Retry, UpdateKind};
+use crate::ops::diagnose;
+use crate::wire::namespaces;
+
+mod admin;
+mod data;
+mod ops;
+mod peer;
+
+pub use ops::status;
+
+/// The `Node` service of one node.
+pub struct NodeApi {
+    area: Coordination,
+    namespaces: Arc<Namespaces>,
+}
+
+/// The peer calls (`NodePeer`) of one node.
+pub struct PeerApi(NodeApi);
+
+impl PeerApi {
+    fn api(&self) -> &NodeApi {
+        &self.0
+    }
+}
+
+/// What a Node API method answers.
+type Reply<T> = Result<Response<T>, Status>;
+
+impl NodeApi {
+    /// The tonic service.
+    pub fn server(
+        area: Coordination,
+        namespaces: Arc<Namespaces>,
+        max_message_bytes: usize,
+    ) -> NodeServer<NodeApi> {
+        NodeServer::new(NodeApi { area, namespaces })
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// The peer calls' tonic service (see `NodePeer`): the same API.
+    pub fn peer_server(
+        area: Coordination,
+        namespaces: Arc<Namespaces>,
+        max_message_bytes: usize,
+    ) -> NodePeerServer<PeerApi> {
+        NodePeerServer::new(PeerApi(NodeApi { area, namespaces }))
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+
+    fn api(&self) -> &NodeApi {
+        self
+    }
+
+    fn core(&self) -> &Core {
+        self.area.core()
+    }
+
+    /// Serves `req` through the pipeline (see the module), admitted at the
+    /// door `at` chooses; a domain error is its code and message.
+    async fn call<Req, In, Resp, Fut>(
+        &self,
+        req: Request<Req>,
+        at: impl FnOnce(Req) -> Result<(Door, In), Status>,
+        body: impl FnOnce(Call, In) -> Fut,
+    ) -> Reply<Resp>
+    where
+        Fut: Future<Output = CallResult<Resp>>,
+    {
+        let errors = |_: &Call, d: &journal::DomainError| plain(d);
+        serve(self.core(), req, at, errors, |c, r| async move {
+            let answer = body(c.clone(), r).await;
+            (c, answer)
+        })
+        .await
+    }
+
+    /// Runs `local` on the leader (after a read barrier there when `read`),
+    /// or `remote` against the leader's Node API with the request forwarded,
+    /// each forward waiting as `attempt` says.
+    async fn on_leader<Req: Clone, T, L, LF, R, RF>(
+        &self,
+        c: &Call,
+        r: Req,
+        (read, attempt): (bool, Attempt),
+        local: L,
+        remote: R,
+    ) -> CallResult<T>
+    where
+        L: Fn(Req) -> LF,
+        LF: Future<Output = CallResult<T>>,
+        R: Fn(NodeClient<Channel>, Request<Req>) -> RF,
+        RF: Future<Output = Result<Response<T>, Status>>,
+    {
+        let router = self.core().router();
+        let run_local = || async {
+            if read {
+                router.leader().read_barrier().await?;
+            }
+            local(r.clone()).await
+        };
+        let run_remote = |ch| {
+            let sent = remote(router.node_client(ch), forward(c, r.clone()));
+            async move { Ok(sent.await?.into_inner()) }
+        };
+        router.on_leader_as(c, attempt, run_local, run_remote).await
+    }
+}
+
+/// Writes `$service`, a tonic service over the [`NodeApi`] whose every
+/// method is the one of the same name in this module's audience files.
+macro_rules! delegate {
+    ($trait:path, $ty:ty => $($method:ident($req:ty) -> $resp:ty;)*) => {
+        #[tonic::async_trait]
+        impl $trait for $ty {
+            $(
+                async fn $method(&self, req: Request<$req>) -> Reply<$resp> {
+                    NodeApi::$method(self.api(), req).await
+                }
+            )*
+        }
+    };
+}
+
+// The whole Node API, as builds before the split by audience know it.
+delegate! { Node, NodeApi =>
+    status(StatusRequest) -> StatusResponse;
+    create_namespace(CreateNamespaceRequest) -> NamespaceInfo;
+    delete_namespace(NamespaceRequest) -> NamespaceInfo;
+    reset_namespace(ResetNamespaceRequest) -> NamespaceInfo;
+    get_namespace(NamespaceRequest) -> NamespaceInfo;
+    list_namespaces(ListNamespacesRequest) -> ListNamespacesResponse;
+    export_namespace(NamespaceRequest) -> ExportNamespaceResponse;
+    import_namespace(ImportNamespaceRequest) -> NamespaceInfo;
+    propose(ProposeRequest) -> ProposeResponse;
+    kv_get(KvGetRequest) -> KvGetResponse;
+    kv_list(KvListRequest) -> KvListResponse;
+    state(StateRequest) -> StateResponse;
+    read_index(ReadIndexRequest) -> ReadIndexResponse;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+    tasks(TasksRequest) -> TasksResponse;
+    barriers(BarriersRequest) -> BarriersResponse;
+    barrier_waits(BarrierWaitsRequest) -> BarrierWaitsResponse;
+    ready(ReadyRequest) -> ReadyResponse;
+    add_member(AddMemberRequest) -> MembershipResponse;
+    remove_member(RemoveMemberRequest) -> MembershipResponse;
+}
+
+// The peer calls, on the peer port.
+delegate! { NodePeer, PeerApi =>
+    propose(ProposeRequest) -> ProposeResponse;
+    read_index(ReadIndexRequest) -> ReadIndexResponse;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+}
