@@ -24,15 +24,21 @@ use journal::Update;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
-use proto::coordstore::node_peer_client::NodePeerClient;
-use proto::coordstore::{HeartbeatRequest, ProposeRequest, ReadIndexRequest};
+use proto::coordstore::ProposeRequest;
 use proto::origin::Lanes;
 use raft::{Applied, LeaderView, RaftNode};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::call::{wire_origin, Call, CallError, CallResult};
+use super::call::{Call, CallError, CallResult};
 use super::leader::{LocalLeader, Retry};
+
+mod forwarding;
+mod reads;
+
+pub use forwarding::{forward, Forwarding};
+use forwarding::{node_client, peer_call};
+use reads::ReadRounds;
 
 /// gRPC metadata key marking a call forwarded by another node; such a call
 /// is never forwarded again (no forwarding loops while leadership moves).
@@ -69,56 +75,6 @@ pub enum Attempt {
 /// tasks at once crossed it (`bench/results/README.md`, "Scale"); 1,024 small
 /// requests stay well inside it, and the leader batches what it holds.
 pub const FORWARDS_IN_FLIGHT: usize = 1024;
-
-/// A follower's reads, coalesced: each linearizable read on a follower
-/// needs an index the leader gave after the read arrived. One ReadIndex
-/// call to the leader at a time serves every read that was waiting when it
-/// was sent; reads that arrive while it is out wait for the next. A job of
-/// thousands of tasks parks two long polls per task at once, each after a
-/// read: this asks the leader a few times instead of once per poll. The
-/// round runs in its own task, so a caller that gives up (its deadline,
-/// its stream reset) takes nothing from the others, and a leader that does
-/// not answer ends the round after the leader wait.
-#[derive(Default)]
-struct ReadRounds {
-    queue: std::sync::Mutex<ReadQueue>,
-}
-
-#[derive(Default)]
-struct ReadQueue {
-    /// A round is out (its task takes the next batch when it returns).
-    asking: bool,
-    /// The leader as the newest waiting read found it, and the view it was
-    /// found in.
-    leader: Option<(Channel, LeaderView)>,
-    waiting: Vec<tokio::sync::oneshot::Sender<CallResult<u64>>>,
-}
-
-type ReadBatch = (
-    (Channel, LeaderView),
-    Vec<tokio::sync::oneshot::Sender<CallResult<u64>>>,
-);
-
-impl ReadRounds {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReadQueue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The next batch of waiting reads and the leader to ask, or `None`
-    /// (and no round out) when none waits.
-    fn next_batch(&self) -> Option<ReadBatch> {
-        let mut q = self.lock();
-        debug_assert!(q.asking, "only the round out takes the next batch");
-        match q.leader.take() {
-            Some(ch) if !q.waiting.is_empty() => Some((ch, std::mem::take(&mut q.waiting))),
-            _ => {
-                q.asking = false;
-                q.waiting.clear();
-                None
-            }
-        }
-    }
-}
 
 /// Where a call runs.
 pub enum Route {
@@ -544,81 +500,6 @@ impl Router {
         }
         r
     }
-
-    /// A task's heartbeat forwarded to the leader at `ch` (its
-    /// coordination duty records it): the duty's refusal, if any, is the
-    /// call's domain error.
-    pub async fn forward_heartbeat(
-        &self,
-        ch: Channel,
-        call: &Call,
-        task: u32,
-        incarnation: u64,
-    ) -> CallResult<()> {
-        let req = HeartbeatRequest { task, incarnation };
-        let max = self.max_message_bytes;
-        let reply = peer_call!(ch, max, heartbeat, forward(call, req))?.into_inner();
-        if reply.error.is_empty() {
-            return Ok(());
-        }
-        let e = journal::DomainError::decode(reply.error.as_ref())
-            .map_err(|e| Status::internal(format!("bad heartbeat answer: {e}")))?;
-        Err(e.into())
-    }
-
-    /// The leader's read index: a log index whose state is safe to read
-    /// once applied (the leader has applied it when it answers).
-    pub async fn read_index(&self, call: &Call) -> CallResult<u64> {
-        self.on_leader_with(
-            call,
-            (false, Attempt::Short),
-            || async { Ok(self.leader.read_barrier().await?) },
-            |ch| async move { self.forwarded_read(ch).await },
-        )
-        .await
-    }
-
-    /// A read index from the leader at `ch` (the leader this node sees
-    /// now), asked after this call: the next [`ReadRounds`] round's. A
-    /// round ends as a forward does (a leader change, the forward attempt),
-    /// so a leader that hangs holds no read for longer.
-    async fn forwarded_read(&self, ch: Channel) -> CallResult<u64> {
-        let view = self.node().leader_view();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let start = {
-            let mut q = self.reads.lock();
-            q.waiting.push(tx);
-            q.leader = Some((ch, view));
-            !std::mem::replace(&mut q.asking, true)
-        };
-        if start {
-            let rounds = self.reads.clone();
-            let max = self.max_message_bytes;
-            let (wait, node) = (self.attempt.min(self.leader_wait), self.node().clone());
-            tokio::spawn(async move {
-                while let Some(((ch, view), batch)) = rounds.next_batch() {
-                    let asked =
-                        async { peer_call!(ch, max, read_index, forwarded(ReadIndexRequest {})) };
-                    let r = tokio::select! {
-                        biased;
-                        r = tokio::time::timeout(wait, asked) => match r {
-                            Ok(r) => r.map(|r| r.into_inner().index).map_err(CallError::from),
-                            Err(_) => Err(Status::unavailable("the leader did not answer in time").into()),
-                        },
-                        () = node.leader_moved(view) => {
-                            Err(Status::unavailable("the leader changed during the read round").into())
-                        }
-                    };
-                    for tx in batch {
-                        let _ = tx.send(r.clone());
-                    }
-                }
-            });
-        }
-        rx.await.map_err(|_| {
-            CallError::from(Status::unavailable("the read round to the leader stopped"))
-        })?
-    }
 }
 
 /// How a refusal names update `u`: its command, and its namespace.
@@ -627,62 +508,6 @@ fn describe(u: &Update) -> String {
         "" => u.command_name(),
         ns => format!("{} in namespace {ns}", u.command_name()),
     }
-}
-
-/// A request marked as forwarded by this node.
-fn forwarded<T>(msg: T) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert(FORWARDED, "1".parse().expect("ascii"));
-    req
-}
-
-/// `msg` as `call` forwarded to the leader: marked forwarded, with the
-/// call's origin, namespace and what is left of its deadline.
-pub fn forward<M>(call: &Call, msg: M) -> tonic::Request<M> {
-    let mut req = forwarded(msg);
-    if let Some(o) = call.origin() {
-        if let Ok(v) = wire_origin(o).header_value().parse() {
-            req.metadata_mut().insert(super::call::ORIGIN_HEADER, v);
-        }
-    }
-    if !call.namespace_key().is_empty() {
-        if let Ok(v) = call.namespace().parse() {
-            req.metadata_mut().insert(super::call::NAMESPACE_HEADER, v);
-        }
-    }
-    if let Some(d) = call.deadline() {
-        req.set_timeout(d.saturating_duration_since(Instant::now()));
-    }
-    req
-}
-
-/// A peer call `method` of `request` (made anew for each try) to the leader
-/// at `ch`: through `NodePeer`, or, to a build before it (UNIMPLEMENTED),
-/// through `Node`'s method of the same name.
-macro_rules! peer_call {
-    ($ch:expr, $max:expr, $method:ident, $request:expr) => {{
-        let ch: Channel = $ch;
-        let asked = NodePeerClient::new(ch.clone())
-            .max_decoding_message_size($max)
-            .max_encoding_message_size($max)
-            .$method($request)
-            .await;
-        match asked {
-            Err(s) if s.code() == Code::Unimplemented => {
-                node_client(ch, $max).$method($request).await
-            }
-            answer => answer,
-        }
-    }};
-}
-use peer_call;
-
-/// A Node API client on `ch` with `max` bytes per message either way.
-fn node_client(ch: Channel, max: usize) -> NodeClient<Channel> {
-    NodeClient::new(ch)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max)
 }
 
 /// Whether a failed forward may be retried (possibly at another leader).

@@ -15,11 +15,12 @@ use journal::coordination::TaskStatus;
 use journal::pb::coordination::{BarrierEntry, BarrierStatus};
 use journal::Namespace;
 use proto::coordstore::{
-    BarrierWaitsRequest, BarriersRequest, NamespaceWait, PendingBarrier, TaskHealth, TasksRequest,
+    BarrierWaitsRequest, BarrierWaitsResponse, BarriersRequest, BarriersResponse, NamespaceWait,
+    PendingBarrier, TaskHealth, TasksRequest, TasksResponse,
 };
 use tonic::Status;
 
-use crate::core::router::forward;
+use crate::core::router::Forwarding;
 use crate::core::{now_ms, Call, CallError, CallResult, Core};
 use crate::duties::coordination::{liveness_of, Liveness};
 
@@ -243,16 +244,14 @@ fn liveness(core: &Core) -> Option<Arc<Liveness>> {
 /// [`tasks_here`] on the leader, after a read barrier there.
 pub async fn tasks(core: &Core, c: &Call, r: TasksRequest) -> CallResult<Vec<TaskHealth>> {
     let router = core.router();
-    let local = || async {
-        router.leader().read_barrier().await?;
+    let local = |c: Call, r: TasksRequest| async move {
         let l = liveness(core);
-        core.read(c, |n| tasks_here(&n, l.as_deref(), &r))?
+        let tasks = core.read(&c, |n| tasks_here(&n, l.as_deref(), &r))??;
+        Ok(TasksResponse { tasks })
     };
-    let remote = |ch| {
-        let (mut client, req) = (router.node_client(ch), forward(c, r.clone()));
-        async move { Ok(client.tasks(req).await?.into_inner().tasks) }
-    };
-    router.on_leader(c, local, remote).await
+    let remote = |ch, r| async move { router.node_client(ch).tasks(r).await };
+    let answer = router.forward_call(c, r, Forwarding::READ, local, remote);
+    Ok(answer.await?.tasks)
 }
 
 /// [`barriers_here`] on the leader, after a read barrier there.
@@ -262,28 +261,31 @@ pub async fn barriers(
     r: BarriersRequest,
 ) -> CallResult<Vec<PendingBarrier>> {
     let router = core.router();
-    let local = || async {
-        router.leader().read_barrier().await?;
+    let local = |c: Call, r: BarriersRequest| async move {
         let l = liveness(core);
-        core.read(c, |n| barriers_here(&n, l.as_deref(), &r))?
+        let barriers = core.read(&c, |n| barriers_here(&n, l.as_deref(), &r))??;
+        Ok(BarriersResponse { barriers })
     };
-    let remote = |ch| {
-        let (mut client, req) = (router.node_client(ch), forward(c, r.clone()));
-        async move { Ok(client.barriers(req).await?.into_inner().barriers) }
-    };
-    router.on_leader(c, local, remote).await
+    let remote = |ch, r| async move { router.node_client(ch).barriers(r).await };
+    let answer = router.forward_call(c, r, Forwarding::READ, local, remote);
+    Ok(answer.await?.barriers)
 }
 
 /// The oldest pending barrier of every namespace that admits `c`, on the
 /// leader.
 pub async fn barrier_waits(core: &Core, c: &Call) -> CallResult<Vec<NamespaceWait>> {
     let router = core.router();
-    let local = || async { Ok(barrier_waits_here(core, c, liveness(core).as_deref())) };
-    let remote = |ch| {
-        let (mut client, req) = (router.node_client(ch), forward(c, BarrierWaitsRequest {}));
-        async move { Ok(client.barrier_waits(req).await?.into_inner().namespaces) }
+    let local = |c: Call, _| async move {
+        let namespaces = barrier_waits_here(core, &c, liveness(core).as_deref());
+        Ok(BarrierWaitsResponse { namespaces })
     };
-    router.on_leader(c, local, remote).await
+    let remote = |ch, r| async move { router.node_client(ch).barrier_waits(r).await };
+    let how = Forwarding {
+        read: false,
+        ..Forwarding::READ
+    };
+    let answer = router.forward_call(c, BarrierWaitsRequest {}, how, local, remote);
+    Ok(answer.await?.namespaces)
 }
 
 /// The pending barriers of `c`'s namespace for a view that must answer:

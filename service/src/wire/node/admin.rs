@@ -122,7 +122,7 @@ impl NodeApi {
         self.call(req, at, |c, r: AddMemberRequest| async move {
             // A node that could not apply the cluster's state is not added.
             check_joiner_level(core, r.id, &r.address).await?;
-            self.on_leader(&c, r, (false, Attempt::Whole), local, remote)
+            self.on_leader(&c, r, Forwarding::LONG, local, remote)
                 .await?;
             Ok(MembershipResponse {
                 members: status(core).members,
@@ -144,7 +144,7 @@ impl NodeApi {
         };
         let at = door(Access::Membership("member remove"));
         self.call(req, at, |c, r| async move {
-            self.on_leader(&c, r, (false, Attempt::Whole), local, remote)
+            self.on_leader(&c, r, Forwarding::LONG, local, remote)
                 .await?;
             Ok(MembershipResponse {
                 members: status(core).members,
@@ -179,7 +179,7 @@ impl NodeApi {
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.state(r).await };
         self.call(req, at, |c, r| async move {
-            self.on_leader(&c, r, (true, Attempt::Whole), local, remote)
+            self.on_leader(&c, r, Forwarding::LONG_READ, local, remote)
                 .await
         })
         .await
@@ -242,17 +242,11 @@ impl NodeApi {
         let need = journal::LEVEL_NAMESPACES;
         crate::core::levels::require(self.core().node(), need, || what.to_string()).await?;
         let router = self.core().router();
-        let (c, _lane) = router.exactly_once(c);
-        router
-            .on_leader_as(
-                &c,
-                Attempt::Whole,
-                || local(c.clone(), r.clone()),
-                |ch| {
-                    let sent = remote(router.node_client(ch), forward(&c, r.clone()));
-                    async move { Ok(sent.await?.into_inner()) }
-                },
-            )
-            .await
+        let how = Forwarding {
+            exactly_once: true,
+            ..Forwarding::LONG
+        };
+        let remote = |ch, r| remote(router.node_client(ch), r);
+        router.forward_call(c, r, how, local, remote).await
     }
 }

@@ -48,7 +48,7 @@ impl NodeApi {
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.kv_get(r).await };
         self.call(req, door(Access::Namespace), |c, r| async move {
-            self.on_leader(&c, r, (true, Attempt::Short), local(c.clone()), remote)
+            self.on_leader(&c, r, Forwarding::READ, local(c.clone()), remote)
                 .await
         })
         .await
@@ -76,7 +76,7 @@ impl NodeApi {
         };
         let remote = |mut l: NodeClient<Channel>, r| async move { l.kv_list(r).await };
         self.call(req, door(Access::Namespace), |c, r| async move {
-            self.on_leader(&c, r, (true, Attempt::Short), local(c.clone()), remote)
+            self.on_leader(&c, r, Forwarding::READ, local(c.clone()), remote)
                 .await
         })
         .await

@@ -40,7 +40,7 @@ use super::{door, serve, Door};
 use crate::areas::coordination::Coordination;
 use crate::core::call::plain;
 use crate::core::namespaces::Namespaces;
-use crate::core::router::{forward, Attempt};
+use crate::core::router::Forwarding;
 use crate::core::{Access, Call, CallError, CallResult, Core, Retry, UpdateKind};
 use crate::ops::diagnose;
 use crate::wire::namespaces;
@@ -120,14 +120,14 @@ impl NodeApi {
         .await
     }
 
-    /// Runs `local` on the leader (after a read barrier there when `read`),
-    /// or `remote` against the leader's Node API with the request forwarded,
-    /// each forward waiting as `attempt` says.
+    /// Runs `local` on the leader, or `remote` against the leader's Node
+    /// API with the request forwarded, as `how` says (see
+    /// [`crate::core::router::Router::forward_call`]).
     async fn on_leader<Req: Clone, T, L, LF, R, RF>(
         &self,
         c: &Call,
         r: Req,
-        (read, attempt): (bool, Attempt),
+        how: Forwarding,
         local: L,
         remote: R,
     ) -> CallResult<T>
@@ -138,17 +138,9 @@ impl NodeApi {
         RF: Future<Output = Result<Response<T>, Status>>,
     {
         let router = self.core().router();
-        let run_local = || async {
-            if read {
-                router.leader().read_barrier().await?;
-            }
-            local(r.clone()).await
-        };
-        let run_remote = |ch| {
-            let sent = remote(router.node_client(ch), forward(c, r.clone()));
-            async move { Ok(sent.await?.into_inner()) }
-        };
-        router.on_leader_as(c, attempt, run_local, run_remote).await
+        let local = |_, r| local(r);
+        let remote = |ch, r| remote(router.node_client(ch), r);
+        router.forward_call(c, r, how, local, remote).await
     }
 }
 

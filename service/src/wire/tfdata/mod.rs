@@ -25,7 +25,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::areas::dispatcher::{status, ClientView, Dispatcher, TaskDefinition, TaskView};
-use crate::core::router::forward;
+use crate::core::router::{Attempt, Forwarding};
 use crate::core::{Access, Call, CallResult};
 
 /// Deadline of one ProcessTask push to a worker.
@@ -75,38 +75,34 @@ where
     RF: Future<Output = Result<Response<Resp>, Status>>,
 {
     let router = d.core().router();
-    let (call, _lane) = match exactly_once {
-        true => router.exactly_once(c),
-        false => (c.clone(), None),
-    };
     let max = router.max_message_bytes();
     let started = std::time::Instant::now();
-    let answer = router
-        .on_leader(
-            &call,
-            || {
-                let run = local(d.clone(), call.clone(), r.clone());
-                let exists = d.namespace_exists(&call);
-                async move {
-                    exists?;
-                    run.await
-                }
-            },
-            |ch| {
-                let client = DispatcherServiceClient::new(ch)
-                    .max_decoding_message_size(max)
-                    .max_encoding_message_size(max);
-                let sent = remote(client, forward(&call, r.clone()));
-                async move { Ok(sent.await?.into_inner()) }
-            },
-        )
-        .await;
+    let how = Forwarding {
+        read: false,
+        attempt: Attempt::Short,
+        exactly_once,
+    };
+    let here = |call: Call, r| {
+        let run = local(d.clone(), call.clone(), r);
+        let exists = d.namespace_exists(&call);
+        async move {
+            exists?;
+            run.await
+        }
+    };
+    let there = |ch, r| {
+        let client = DispatcherServiceClient::new(ch)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        remote(client, r)
+    };
+    let answer = router.forward_call(c, r, how, here, there).await;
     tracing::debug!(
         call = std::any::type_name::<Req>()
             .rsplit("::")
             .next()
             .unwrap_or_default(),
-        forwarded = call.forwarded(),
+        forwarded = c.forwarded(),
         ms = started.elapsed().as_secs_f64() * 1000.0,
         ok = answer.is_ok(),
         "tf.data call"
