@@ -23,7 +23,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 # the test harness included; clippy.toml holds the threshold).
 cargo clippy --workspace --lib --bins -- -D warnings -W clippy::too_many_lines
 # No module cycles in any crate (the script names the cycle and fails).
-python3 scripts/module-cycles.py
+python3 scripts/module-cycles.py --self-test
 deploy/monitoring/check.sh
 # The multi-process tests start the coordstore binary (target/debug/coordstore);
 # `cargo test` alone builds only its test harness.

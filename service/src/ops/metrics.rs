@@ -4,6 +4,15 @@
 //! [`GrpcMetricsLayer`] around every service, each proposal in the core's
 //! router); gauges are read from the node at scrape time.
 
+mod disk;
+mod grpc;
+mod namespaces;
+
+use disk::*;
+use grpc::*;
+pub use grpc::{GrpcMetrics, GrpcMetricsLayer};
+use namespaces::*;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,128 +89,6 @@ pub struct Metrics {
     connections: Arc<Connections>,
     open_connections: IntGauge,
     refused_connections: IntCounterVec,
-}
-
-/// The disk's health, read off the node at scrape time.
-struct DiskGauges {
-    free: IntGauge,
-    reserve: IntGauge,
-    below_reserve: IntGauge,
-    fsync_p99: prometheus::Gauge,
-    fsync_slow: IntGauge,
-    stalled: IntGauge,
-    writes_refused: IntGauge,
-    transfers: IntCounter,
-}
-
-impl DiskGauges {
-    fn new(r: &Registry) -> DiskGauges {
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("valid gauge");
-            r.register(Box::new(g.clone()))
-                .expect("unique metric names");
-            g
-        };
-        let fsync_p99 = prometheus::Gauge::new(
-            "disk_fsync_p99_seconds",
-            "99th percentile of this node's fdatasyncs over the last 10 s (running ones at their age)",
-        )
-        .expect("valid gauge");
-        r.register(Box::new(fsync_p99.clone()))
-            .expect("unique metric names");
-        let transfers = IntCounter::new(
-            "leader_transfers_total",
-            "Leadership transfers this node started because its disk was unhealthy",
-        )
-        .expect("valid counter");
-        r.register(Box::new(transfers.clone()))
-            .expect("unique metric names");
-        DiskGauges {
-            free: gauge("disk_free_bytes", "Bytes free under this node's data dir"),
-            reserve: gauge(
-                "disk_reserve_bytes",
-                "Bytes this node keeps free under its data dir (--disk-reserve-bytes)",
-            ),
-            below_reserve: gauge(
-                "disk_below_reserve",
-                "1 while free space under the data dir is below the reserve",
-            ),
-            fsync_p99,
-            fsync_slow: gauge(
-                "disk_fsync_slow",
-                "1 while the fdatasync percentile is over --slow-fsync-ms",
-            ),
-            stalled: gauge(
-                "disk_stalled",
-                "1 while an fdatasync or the Raft core has been stuck past --slow-fsync-ms",
-            ),
-            writes_refused: gauge(
-                "writes_refused",
-                "1 while this node, the leader, refuses client writes (disk below its reserve, no healthy voter)",
-            ),
-            transfers,
-        }
-    }
-
-    fn render(&self, node: &raft::RaftNode) {
-        let h = node.health();
-        self.free.set(h.free_bytes.unwrap_or(0) as i64);
-        self.reserve.set(h.reserve_bytes as i64);
-        self.below_reserve.set(i64::from(h.disk_low));
-        self.fsync_p99
-            .set(h.fsync_p99.map_or(0.0, |d| d.as_secs_f64()));
-        self.fsync_slow.set(i64::from(h.fsync_slow));
-        self.stalled.set(i64::from(node.stalled().is_some()));
-        self.writes_refused
-            .set(i64::from(h.refusing_writes.is_some()));
-        self.transfers
-            .inc_by(h.transfers.saturating_sub(self.transfers.get()));
-    }
-}
-
-/// One namespace's per-namespace series (or the sum of several, `other`).
-struct Row {
-    name: String,
-    keys: u64,
-    bytes: u64,
-    tasks: [u64; 3],
-    parked: u64,
-    /// Quotas (0: none; never summed).
-    max_keys: u64,
-    max_bytes: u64,
-    max_parked: u64,
-    /// The oldest pending barrier's wait in seconds, as the leader knows it.
-    oldest_barrier: Option<f64>,
-}
-
-impl Row {
-    fn other() -> Row {
-        Row {
-            name: OTHER.into(),
-            keys: 0,
-            bytes: 0,
-            tasks: [0; 3],
-            parked: 0,
-            max_keys: 0,
-            max_bytes: 0,
-            max_parked: 0,
-            oldest_barrier: None,
-        }
-    }
-
-    /// Adds `r`'s counts (not its quotas) to this sum.
-    fn add(&mut self, r: &Row) {
-        self.keys += r.keys;
-        self.bytes += r.bytes;
-        self.parked += r.parked;
-        for i in 0..3 {
-            self.tasks[i] += r.tasks[i];
-        }
-        self.oldest_barrier = match (self.oldest_barrier, r.oldest_barrier) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-    }
 }
 
 impl Metrics {
@@ -597,82 +484,6 @@ impl Metrics {
     }
 }
 
-/// A gauge vector by namespace in `registry`.
-fn ns_gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
-    let v = IntGaugeVec::new(Opts::new(name, help), &["namespace"]).expect("valid gauge");
-    registry
-        .register(Box::new(v.clone()))
-        .expect("unique metric names");
-    v
-}
-
-/// Every namespace of `s` as its series would show it, with the oldest
-/// barrier waits this node knows (as the leader).
-fn namespace_rows(core: &Core, s: &journal::State) -> Vec<Row> {
-    let oldest = liveness_of(core.node())
-        .map(|l| l.oldest_barriers(Instant::now()))
-        .unwrap_or_default();
-    s.namespaces()
-        .map(|n| {
-            let c = n.coordination().stats();
-            let spec = n.spec();
-            Row {
-                name: n.name().to_string(),
-                keys: c.keys,
-                bytes: c.kv_bytes,
-                tasks: c.tasks,
-                parked: core.parking().parked_in(n.key()),
-                max_keys: n.config().map_or(0, |c| c.max_keys),
-                max_bytes: spec.map_or(0, |p| p.max_bytes),
-                max_parked: spec.map_or(0, |p| p.max_parked_calls),
-                oldest_barrier: oldest.get(n.key()).map(|(_, w)| w.ms as f64 / 1000.0),
-            }
-        })
-        .collect()
-}
-
-/// The `n` largest of `rows` by keys, and the rest (a namespace named
-/// `other` among them) summed as [`OTHER`] if there is a rest.
-fn bucket(mut rows: Vec<Row>, n: usize) -> Vec<Row> {
-    rows.sort_by(|a, b| {
-        (a.name == OTHER)
-            .cmp(&(b.name == OTHER))
-            .then_with(|| b.keys.cmp(&a.keys))
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    let own = rows.iter().take(n).filter(|r| r.name != OTHER).count();
-    let rest: Vec<Row> = rows.drain(own..).collect();
-    if !rest.is_empty() {
-        let mut other = Row::other();
-        for r in &rest {
-            other.add(r);
-        }
-        rows.push(other);
-    }
-    rows
-}
-
-/// Whether `path` names a method of a service this node serves.
-fn known_path(path: &str) -> bool {
-    const SERVICES: [&str; 10] = [
-        "/xla.coordination.CoordinationService/",
-        "/tensorflow.CoordinationService/",
-        "/tensorflow.data.DispatcherService/",
-        "/coordstore.v1.Node/",
-        "/coordstore.v1.NodePeer/",
-        "/coordstore.v1.Agent/",
-        "/coordstore.v1.TorchStore/",
-        "/coordstore.v1.ClosureQueue/",
-        "/coordstore.v1.RaftPeer/",
-        "/grpc.health.v1.Health/",
-    ];
-    SERVICES.iter().any(|s| {
-        path.strip_prefix(s).is_some_and(|m| {
-            !m.is_empty() && m.len() <= 64 && m.bytes().all(|b| b.is_ascii_alphanumeric())
-        })
-    })
-}
-
 fn rss_bytes() -> u64 {
     // statm: size resident shared ... in pages.
     let pages = std::fs::read_to_string("/proc/self/statm")
@@ -688,101 +499,7 @@ fn rss_bytes() -> u64 {
     pages * page.max(0) as u64
 }
 
-/// Records every gRPC call (method, status code, latency) in [`Metrics`].
-#[derive(Clone)]
-pub struct GrpcMetricsLayer(pub Arc<Metrics>);
-
-impl<S> tower::Layer<S> for GrpcMetricsLayer {
-    type Service = GrpcMetrics<S>;
-
-    fn layer(&self, inner: S) -> GrpcMetrics<S> {
-        GrpcMetrics {
-            inner,
-            metrics: self.0.clone(),
-        }
-    }
-}
-
-/// The service [`GrpcMetricsLayer`] wraps around each gRPC service.
-#[derive(Clone)]
-pub struct GrpcMetrics<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, B, RB> tower::Service<http::Request<B>> for GrpcMetrics<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-    S::Error: 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let method = req.uri().path().to_string();
-        let metrics = self.metrics.clone();
-        let t0 = Instant::now();
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let r = fut.await;
-            // tonic answers an error as trailers-only: the status is in the
-            // headers; a success carries it in the trailers (OK).
-            let code = match &r {
-                Ok(resp) => resp
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-                Err(_) => tonic::Code::Unknown as i32,
-            };
-            metrics.record_call(&method, code, t0.elapsed());
-            r
-        })
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(name: &str, keys: u64, oldest: Option<f64>) -> Row {
-        Row {
-            name: name.into(),
-            keys,
-            max_keys: 100,
-            oldest_barrier: oldest,
-            ..Row::other()
-        }
-    }
-
-    #[test]
-    fn the_largest_get_series_and_a_namespace_named_other_joins_the_rest() {
-        let rows = vec![
-            row("a", 5, None),
-            row("other", 9, Some(3.0)),
-            row("b", 1, Some(7.5)),
-            row("c", 3, None),
-        ];
-        let out = bucket(rows, 2);
-        let names: Vec<&str> = out.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["a", "c", "other"]);
-        let other = &out[2];
-        assert_eq!(other.keys, 10, "the namespace named other and b");
-        assert_eq!(other.max_keys, 0, "quotas are never summed");
-        assert_eq!(other.oldest_barrier, Some(7.5), "the oldest of the rest");
-        // Room for all: no bucket, but a namespace named other still is one.
-        let out = bucket(vec![row("a", 5, None), row("b", 1, None)], 20);
-        assert_eq!(out.len(), 2);
-        let out = bucket(vec![row("other", 5, None)], 20);
-        assert_eq!((out.len(), out[0].max_keys), (1, 0));
-    }
-}
+mod tests;
