@@ -102,10 +102,20 @@ pub trait Area {
 
 /// The conversions an area's commands get: each command message into the
 /// area's oneof, into `update::Command` and into an `Update`, so callers
-/// write `Update::from(KvInsert { .. })`. `$area` is the area's prost module
-/// (`pb::$area`) and `$variant` its arm of `Update.command`.
+/// write `Update::from(KvInsert { .. })`; and each command's name (`name`,
+/// for messages: the list must name every command, or the match is not
+/// exhaustive). `$area` is the area's prost module (`pb::$area`) and
+/// `$variant` its arm of `Update.command`.
 macro_rules! area_commands {
     ($area:ident, $variant:ident, $($t:ident),* $(,)?) => {
+        impl crate::pb::$area::command::Command {
+            /// The command's name, for messages (no payload formatted).
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(crate::pb::$area::command::Command::$t(_) => stringify!($t),)*
+                }
+            }
+        }
         impl From<crate::pb::$area::command::Command> for crate::pb::update::Command {
             fn from(c: crate::pb::$area::command::Command) -> Self {
                 crate::pb::update::Command::$variant(crate::pb::$area::Command { command: Some(c) })
@@ -194,5 +204,31 @@ impl Touched {
     /// Whether nothing was recorded.
     pub fn is_empty(&self) -> bool {
         !self.all && !self.namespace_set && self.namespaces.is_empty() && self.objects.is_empty()
+    }
+}
+
+impl crate::Update {
+    /// The command's name, for messages: `CreateNamespace`, `KvInsert`, ...
+    pub fn command_name(&self) -> String {
+        use crate::pb::update::Command;
+        let Some(c) = &self.command else {
+            return "an update without a command".into();
+        };
+        let area = match c {
+            Command::Coordination(a) => a.command.as_ref().map(|c| c.name()),
+            Command::Dispatcher(a) => a.command.as_ref().map(|c| c.name()),
+            Command::Closures(a) => a.command.as_ref().map(|c| c.name()),
+            Command::Torch(a) => a.command.as_ref().map(|c| c.name()),
+            // The variant's name: what its Debug form starts with.
+            shared => {
+                let text = format!("{shared:?}");
+                return text
+                    .split(['(', ' ', '{'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+            }
+        };
+        area.unwrap_or("an update without a command").to_string()
     }
 }

@@ -25,6 +25,7 @@
 //! format they read), and so do backups and namespace exports.
 
 use crate::pb::update::Command;
+use crate::pb::{NamespaceData, NamespaceSpec, StateData};
 use crate::Update;
 
 /// The per-area command set of the builds before namespaces: the level of
@@ -55,13 +56,8 @@ impl Update {
     /// The journal feature level a node needs to apply this update in full.
     pub fn required_level(&self) -> u32 {
         let command = match &self.command {
-            Some(Command::CreateNamespace(c))
-                if c.spec.as_ref().is_some_and(|s| s.torch_plaintext)
-                    || c.data.as_ref().is_some_and(|d| d.torch.is_some()) =>
-            {
-                LEVEL_TORCH
-            }
-            Some(Command::CreateNamespace(_) | Command::DeleteNamespace(_)) => LEVEL_NAMESPACES,
+            Some(Command::CreateNamespace(c)) => namespace_level(c.spec.as_ref(), c.data.as_ref()),
+            Some(Command::DeleteNamespace(_)) => LEVEL_NAMESPACES,
             Some(Command::Torch(_)) => LEVEL_TORCH,
             Some(Command::SetFeatureLevel(s)) => s.level.max(LEVEL_NAMESPACES),
             _ => LEVEL_BASE,
@@ -73,30 +69,35 @@ impl Update {
         };
         command.max(namespace)
     }
+}
 
-    /// The command's name, for messages: `CreateNamespace`, `KvInsert`, ...
-    pub fn command_name(&self) -> String {
-        let Some(c) = &self.command else {
-            return "an update without a command".into();
-        };
-        // The variant's name: what its Debug form starts with.
-        let text = match c {
-            Command::Coordination(a) => format!("{:?}", a.command),
-            Command::Dispatcher(a) => format!("{:?}", a.command),
-            Command::Closures(a) => format!("{:?}", a.command),
-            Command::Torch(a) => {
-                return a
-                    .command
-                    .as_ref()
-                    .map_or("Torch", crate::torch::command_name)
-                    .to_string()
-            }
-            shared => format!("{shared:?}"),
-        };
-        let text = text.strip_prefix("Some(").unwrap_or(&text);
-        text.split(['(', ' ', '{'])
-            .next()
-            .unwrap_or_default()
-            .to_string()
+/// The level a namespace of settings `spec` and state `data` needs: the
+/// PyTorch store's when either holds any of it (its state, a spec's
+/// `torch_plaintext`), else namespaces'.
+fn namespace_level(spec: Option<&NamespaceSpec>, data: Option<&NamespaceData>) -> u32 {
+    let plaintext = |s: Option<&NamespaceSpec>| s.is_some_and(|s| s.torch_plaintext);
+    let torch =
+        plaintext(spec) || data.is_some_and(|d| d.torch.is_some() || plaintext(d.spec.as_ref()));
+    if torch {
+        LEVEL_TORCH
+    } else {
+        LEVEL_NAMESPACES
     }
+}
+
+/// The level state `data` needs: the cluster's own, and what its
+/// namespaces and the default namespace's PyTorch store hold.
+pub(crate) fn state_level(data: &StateData) -> u32 {
+    let namespaces = data
+        .namespaces
+        .values()
+        .map(|n| namespace_level(None, Some(n)));
+    let torch = if data.torch.is_some() {
+        LEVEL_TORCH
+    } else {
+        LEVEL_BASE
+    };
+    namespaces
+        .fold(data.feature_level.max(torch), u32::max)
+        .max(LEVEL_BASE)
 }

@@ -43,6 +43,40 @@ fn each_update_needs_the_level_of_what_it_uses() {
     ));
 }
 
+/// A namespace created or imported needs the level its state would: the
+/// PyTorch store's when its spec or its imported state holds any of it
+/// (an import whose exported spec carries `torch_plaintext` needed only
+/// namespaces' before, though the state it made needed the store's).
+#[test]
+fn a_namespace_needs_the_level_of_the_state_it_makes() {
+    let plaintext = Some(NamespaceSpec {
+        torch_plaintext: true,
+        ..Default::default()
+    });
+    let with = |spec: Option<NamespaceSpec>, data: Option<pb::NamespaceData>| {
+        let mut u = create("a");
+        if let Some(Command::CreateNamespace(c)) = &mut u.command {
+            if spec.is_some() {
+                c.spec = spec;
+            }
+            c.data = data;
+        }
+        u.required_level()
+    };
+    assert_eq!(with(None, None), LEVEL_NAMESPACES);
+    assert_eq!(with(plaintext.clone(), None), journal::LEVEL_TORCH);
+    let imported = pb::NamespaceData {
+        spec: plaintext,
+        ..Default::default()
+    };
+    assert_eq!(with(None, Some(imported)), journal::LEVEL_TORCH);
+    let store = pb::NamespaceData {
+        torch: Some(Default::default()),
+        ..Default::default()
+    };
+    assert_eq!(with(None, Some(store)), journal::LEVEL_TORCH);
+}
+
 #[test]
 fn the_cluster_level_rises_never_falls_and_follows_what_the_state_holds() {
     let mut s = cluster(1, Opts::default());

@@ -102,7 +102,7 @@ impl State {
     pub fn decode_snapshot(bytes: &[u8]) -> Result<State, SnapshotError> {
         let mut data =
             crate::decode_known::<StateData>(bytes).map_err(|e| SnapshotError(e.to_string()))?;
-        let needs = state_level(&data);
+        let needs = crate::level::state_level(&data);
         if needs > crate::FEATURE_LEVEL {
             return Err(SnapshotError(format!(
                 "the state needs journal feature level {needs}, and this build applies up to {}",
@@ -151,7 +151,7 @@ impl State {
     /// members that apply them, before the cluster had a level of its own.
     /// It is also the level a node needs to hold this state.
     pub fn feature_level(&self) -> u32 {
-        state_level(&self.data)
+        crate::level::state_level(&self.data)
     }
 
     /// The level the leader last raised the cluster to
@@ -174,25 +174,4 @@ impl State {
     pub fn digest_hex(&self) -> String {
         self.digest().iter().map(|b| format!("{b:02x}")).collect()
     }
-}
-
-/// The journal feature level state `data` needs (see
-/// [`State::required_level`]).
-pub(super) fn state_level(data: &StateData) -> u32 {
-    let namespaces = if data.namespaces.is_empty() {
-        crate::LEVEL_BASE
-    } else {
-        crate::LEVEL_NAMESPACES
-    };
-    let torch = data.torch.is_some()
-        || data
-            .namespaces
-            .values()
-            .any(|n| n.torch.is_some() || n.spec.as_ref().is_some_and(|s| s.torch_plaintext));
-    let torch = if torch {
-        crate::LEVEL_TORCH
-    } else {
-        crate::LEVEL_BASE
-    };
-    data.feature_level.max(namespaces).max(torch)
 }

@@ -172,25 +172,6 @@ pub fn client_proposable(command: &Command) -> bool {
     !matches!(command, Command::Forget(_) | Command::Touch(_))
 }
 
-/// The command's name, for messages (no payload formatted).
-pub fn command_name(command: &Command) -> &'static str {
-    match command {
-        Command::Set(_) => "Set",
-        Command::CompareSet(_) => "CompareSet",
-        Command::Add(_) => "Add",
-        Command::Append(_) => "Append",
-        Command::DeleteKey(_) => "DeleteKey",
-        Command::MultiSet(_) => "MultiSet",
-        Command::QueuePush(_) => "QueuePush",
-        Command::QueuePop(_) => "QueuePop",
-        Command::Wait(_) => "Wait",
-        Command::Barrier(_) => "Barrier",
-        Command::CancelWait(_) => "CancelWait",
-        Command::Forget(_) => "Forget",
-        Command::Touch(_) => "Touch",
-    }
-}
-
 crate::area::area_commands!(
     torch, Torch, Set, CompareSet, Add, Append, DeleteKey, MultiSet, QueuePush, QueuePop, Wait,
     Barrier, CancelWait, Forget, Touch,

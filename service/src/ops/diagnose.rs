@@ -33,24 +33,18 @@ pub const MISSING_LIMIT: usize = 20;
 /// clocks.
 pub const ASK_LEADER: Duration = Duration::from_secs(2);
 
-/// A task state as the diagnostics name it.
-pub fn state_name(s: TaskStatus) -> &'static str {
-    match s {
-        TaskStatus::Connected => "CONNECTED",
-        TaskStatus::Disconnected => "DISCONNECTED",
-        TaskStatus::Error => "ERROR",
-    }
-}
-
-/// A state filter (`--state`): `None` for every state.
+/// A state filter (`--state`, any case): `None` for every state. The
+/// names are the journal's (`TaskStatus::as_str_name`), as every view and
+/// the agent dialect show them.
 fn parse_state(s: &str) -> CallResult<Option<TaskStatus>> {
-    match s.to_ascii_lowercase().as_str() {
-        "" => Ok(None),
-        "connected" => Ok(Some(TaskStatus::Connected)),
-        "disconnected" => Ok(Some(TaskStatus::Disconnected)),
-        "error" => Ok(Some(TaskStatus::Error)),
-        other => Err(CallError::from(Status::invalid_argument(format!(
-            "task state {other:?}: connected, disconnected or error"
+    if s.is_empty() {
+        return Ok(None);
+    }
+    match TaskStatus::from_str_name(&s.to_ascii_uppercase()) {
+        Some(state) => Ok(Some(state)),
+        None => Err(CallError::from(Status::invalid_argument(format!(
+            "task state {:?}: connected, disconnected or error",
+            s.to_ascii_lowercase()
         )))),
     }
 }
@@ -97,7 +91,7 @@ fn health(n: &Namespace<'_>, index: u32, age: Option<u64>, now_ms: u64) -> TaskH
         index,
         job: job.to_string(),
         task_id,
-        state: state_name(state).into(),
+        state: state.as_str_name().into(),
         incarnation: entry.incarnation,
         error: entry
             .error

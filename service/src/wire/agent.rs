@@ -6,7 +6,6 @@
 use std::pin::Pin;
 
 use journal::coordination::errors::UnknownTaskIn as U;
-use journal::coordination::TaskStatus;
 use journal::pb::coordination as cmd;
 use proto::coordstore::agent_server::{Agent, AgentServer};
 use proto::coordstore::*;
@@ -93,7 +92,8 @@ async fn task_status(a: &Area, c: &Call, r: TaskStatusRequest) -> CallResult<Tas
     let task = task(a, c, &r.task, U::Heartbeat)?;
     let entry = a.task_entries(c, &[task]).await?.remove(0);
     let (state, e) = (
-        status_name(entry.status()).into(),
+        // The journal's names are the dialect's.
+        entry.status().as_str_name().into(),
         entry.error.clone().unwrap_or_default(),
     );
     Ok(TaskStatusResponse {
@@ -108,12 +108,4 @@ async fn task_status(a: &Area, c: &Call, r: TaskStatusRequest) -> CallResult<Tas
 fn task(a: &Area, c: &Call, t: &Option<TaskRef>, call: U) -> CallResult<u32> {
     let t = t.clone().unwrap_or_default();
     a.task(c, &t.job_name, t.task_id, call)
-}
-
-fn status_name(s: TaskStatus) -> &'static str {
-    match s {
-        TaskStatus::Disconnected => "DISCONNECTED",
-        TaskStatus::Connected => "CONNECTED",
-        TaskStatus::Error => "ERROR",
-    }
 }
