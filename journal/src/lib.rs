@@ -84,7 +84,7 @@ pub mod wait;
 pub use cluster::{task_name, Cluster, JAX_JOB};
 pub use known::{decode_known, NotKnown};
 pub use level::{FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, LEVEL_TORCH, OLDEST_FORMAT};
-pub use namespace::{Namespace, DEFAULT_NAMESPACE};
+pub use namespace::{Namespace, Usage, DEFAULT_NAMESPACE};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{
     client_proposable, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS,

@@ -37,7 +37,35 @@ pub struct Namespace<'a> {
     pub(crate) torch: Option<&'a torch::Data>,
 }
 
+/// What a namespace holds, for operators: its tasks by status, its
+/// pending barriers, and the keys and bytes of every store together (what
+/// its bounds count). Every view (the Node API, the status page, the
+/// metrics) shows these.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Tasks by status: disconnected, connected, in error.
+    pub tasks: [u64; 3],
+    /// Barrier ids whose newest instance is pending.
+    pub barriers_pending: u64,
+    /// Keys and bytes, the coordination store's and PyTorch's together.
+    pub held: crate::area::Held,
+}
+
 impl<'a> Namespace<'a> {
+    /// What it holds (O(tasks + barriers)).
+    pub fn usage(&self) -> Usage {
+        let c = self.coordination().stats();
+        let t = self.torch().held();
+        Usage {
+            tasks: c.tasks,
+            barriers_pending: c.barriers_pending,
+            held: crate::area::Held {
+                keys: c.keys + t.keys,
+                bytes: c.kv_bytes + t.bytes,
+            },
+        }
+    }
+
     /// Its name (`default` for the default one).
     pub fn name(&self) -> &'a str {
         namespace_name(self.key)

@@ -109,6 +109,16 @@ pub enum Role {
 }
 
 impl Role {
+    /// A member's role as a node sees it (the members' list says whether
+    /// it votes, the node's view which member leads).
+    pub fn of_member(id: NodeId, voter: bool, leader: Option<NodeId>) -> Role {
+        match (Some(id) == leader, voter) {
+            (true, _) => Role::Leader,
+            (false, true) => Role::Follower,
+            (false, false) => Role::Learner,
+        }
+    }
+
     /// Lowercase name.
     pub fn as_str(&self) -> &'static str {
         match self {

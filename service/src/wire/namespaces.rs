@@ -156,21 +156,20 @@ fn settings_of(config: &ClusterConfig, spec: &NamespaceSpec) -> NamespaceSetting
 fn describe(n: Namespace<'_>, parked: u64, listener: String) -> NamespaceInfo {
     let spec = n.spec().cloned().unwrap_or_default();
     let settings = settings_of(&n.config().cloned().unwrap_or_default(), &spec);
-    let c = n.coordination().stats();
-    let d = n.dispatcher();
-    let t = n.torch();
+    let u = n.usage();
+    let (d, t) = (n.dispatcher(), n.torch());
     NamespaceInfo {
         name: n.name().to_string(),
         port: spec.port,
         settings: Some(settings),
         service_incarnation: n.service_incarnation(),
         epoch: n.epoch(),
-        tasks_disconnected: c.tasks[0],
-        tasks_connected: c.tasks[1],
-        tasks_error: c.tasks[2],
-        barriers_pending: c.barriers_pending,
-        keys: c.keys + t.held().keys,
-        bytes: c.kv_bytes + t.held().bytes,
+        tasks_disconnected: u.tasks[0],
+        tasks_connected: u.tasks[1],
+        tasks_error: u.tasks[2],
+        barriers_pending: u.barriers_pending,
+        keys: u.held.keys,
+        bytes: u.held.bytes,
         parked_calls: parked,
         tfdata_jobs: d.jobs().count() as u64,
         tfdata_workers: d.workers().count() as u64,

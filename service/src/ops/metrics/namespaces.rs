@@ -65,13 +65,13 @@ pub(super) fn namespace_rows(core: &Core, s: &journal::State) -> Vec<Row> {
         .unwrap_or_default();
     s.namespaces()
         .map(|n| {
-            let c = n.coordination().stats();
+            let u = n.usage();
             let spec = n.spec();
             Row {
                 name: n.name().to_string(),
-                keys: c.keys,
-                bytes: c.kv_bytes,
-                tasks: c.tasks,
+                keys: u.held.keys,
+                bytes: u.held.bytes,
+                tasks: u.tasks,
                 parked: core.parking().parked_in(n.key()),
                 max_keys: n.config().map_or(0, |c| c.max_keys),
                 max_bytes: spec.map_or(0, |p| p.max_bytes),

@@ -41,11 +41,7 @@ pub async fn cluster(core: &Arc<Core>) -> Value {
         .members()
         .into_iter()
         .map(|(id, address, voter)| {
-            let role = match (Some(id) == leader, voter) {
-                (true, _) => "leader",
-                (false, true) => "follower",
-                (false, false) => "learner",
-            };
+            let role = raft::Role::of_member(id, voter, leader).as_str();
             let check = tokio::spawn(member_ready(core.clone(), id, address.clone()));
             (id, address, role, check)
         })
@@ -117,26 +113,25 @@ async fn member_ready(core: Arc<Core>, id: u64, address: String) -> Value {
 /// one's wait (the leader's `wait`), TTL, created.
 fn summary(n: &Namespace<'_>, parked: u64, wait: Option<&NamespaceWait>) -> Value {
     let spec = n.spec().cloned().unwrap_or_default();
-    let c = n.coordination().stats();
-    let t = n.torch();
+    let u = n.usage();
     json!({
         "name": n.name(),
         "port": spec.port,
         "initialized": n.is_initialized(),
         "epoch": n.epoch(),
         "tasks": {
-            "disconnected": c.tasks[0],
-            "connected": c.tasks[1],
-            "error": c.tasks[2],
+            "disconnected": u.tasks[0],
+            "connected": u.tasks[1],
+            "error": u.tasks[2],
             "total": n.task_count(),
         },
-        "keys": c.keys + t.held().keys,
+        "keys": u.held.keys,
         "max_keys": quota(n.config().map_or(0, |c| c.max_keys)),
-        "bytes": c.kv_bytes + t.held().bytes,
+        "bytes": u.held.bytes,
         "max_bytes": quota(spec.max_bytes),
         "parked_calls": parked,
         "max_parked_calls": quota(spec.max_parked_calls),
-        "barriers_pending": c.barriers_pending,
+        "barriers_pending": u.barriers_pending,
         "oldest_barrier_ms": wait.map(|w| w.waited_ms),
         "oldest_barrier_at_least": wait.is_some_and(|w| w.waited_at_least),
         "oldest_barrier": wait.map(|w| w.barrier.clone()),

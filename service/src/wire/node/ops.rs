@@ -112,14 +112,7 @@ pub fn status(core: &Core) -> StatusResponse {
         .into_iter()
         .map(|(id, address, voter)| Member {
             id,
-            role: if Some(id) == leader {
-                "leader"
-            } else if !voter {
-                "learner"
-            } else {
-                "follower"
-            }
-            .into(),
+            role: raft::Role::of_member(id, voter, leader).as_str().into(),
             address,
             feature_level: match levels.get(&id) {
                 Some(Ok(level)) => *level,
