@@ -672,23 +672,9 @@ fn tail(s: &str, lines: usize) -> String {
 
 /// Connects to `addr`, retrying until `wait` passes.
 pub async fn connect(addr: &str, wait: Duration) -> NodeClient<Channel> {
-    let deadline = Instant::now() + wait;
-    loop {
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .connect_timeout(Duration::from_millis(500));
-        match ep.connect().await {
-            Ok(ch) => {
-                return NodeClient::new(ch)
-                    .max_decoding_message_size(1 << 30)
-                    .max_encoding_message_size(1 << 30)
-            }
-            Err(e) => {
-                assert!(Instant::now() < deadline, "cannot connect to {addr}: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    NodeClient::new(wire::channel_within(addr, wait).await)
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(1 << 30)
 }
 
 /// The whole journal state of the node at `addr` (read linearizably).
@@ -884,7 +870,13 @@ pub mod wire {
 
     /// A channel to `addr`, connecting with retries for up to 30 s.
     pub async fn channel(addr: &str) -> Channel {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        channel_within(addr, Duration::from_secs(30)).await
+    }
+
+    /// A channel to `addr`, connecting with retries until `wait` passes
+    /// (each try 500 ms at most; the test fails after `wait`).
+    pub async fn channel_within(addr: &str, wait: Duration) -> Channel {
+        let deadline = std::time::Instant::now() + wait;
         loop {
             let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
                 .expect("endpoint")

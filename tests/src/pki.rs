@@ -36,6 +36,86 @@ pub struct Leaf {
     pub key: PathBuf,
 }
 
+/// A cluster's certificates in a temporary directory: the CAs of servers,
+/// clients and peers, and the node's and the peer's certificate (for
+/// 127.0.0.1 and localhost). Clients get theirs from [`Pki::client`].
+pub struct Pki {
+    /// Where the PEM files are (removed on drop).
+    pub dir: tempfile::TempDir,
+    /// The CA the nodes' client-port certificates are signed by.
+    pub servers: Ca,
+    /// The CA client certificates are signed by (`--tls-client-ca`).
+    pub clients: Ca,
+    /// The CA of the peer links.
+    pub peers: Ca,
+    /// Every node's client-port certificate.
+    pub node: Leaf,
+    /// Every node's peer certificate.
+    pub peer: Leaf,
+}
+
+impl Pki {
+    /// New CAs and the nodes' certificates.
+    pub fn new() -> Pki {
+        let dir = tempfile::tempdir().expect("certificate dir");
+        let servers = Ca::new(dir.path(), "servers");
+        let clients = Ca::new(dir.path(), "clients");
+        let peers = Ca::new(dir.path(), "peers");
+        let hosts = ["127.0.0.1", "localhost"];
+        Pki {
+            node: servers.issue("node", &hosts),
+            peer: peers.issue("peer", &hosts),
+            servers,
+            clients,
+            peers,
+            dir,
+        }
+    }
+
+    /// A client certificate for `cn`, also named by `sans`.
+    pub fn client(&self, cn: &str, sans: &[&str]) -> Leaf {
+        self.clients.issue(cn, sans)
+    }
+
+    /// Every node's TLS flags: mutual TLS on both ports.
+    pub fn node_flags(&self) -> Vec<String> {
+        [
+            ("--tls-cert", &self.node.cert),
+            ("--tls-key", &self.node.key),
+            ("--tls-client-ca", &self.clients.cert),
+            ("--peer-tls-cert", &self.peer.cert),
+            ("--peer-tls-key", &self.peer.key),
+            ("--peer-tls-ca", &self.peers.cert),
+        ]
+        .iter()
+        .flat_map(|(f, p)| [f.to_string(), p.display().to_string()])
+        .collect()
+    }
+
+    /// What a client dials with as `who`.
+    pub fn tls(&self, who: &Leaf) -> ClientTlsConfig {
+        proto::tls::client(&self.servers.cert, Some((&who.cert, &who.key))).expect("client TLS")
+    }
+
+    /// `ctl`'s TLS flags as `who`.
+    pub fn ctl_tls(&self, who: &Leaf) -> Vec<String> {
+        [
+            ("--tls-ca", &self.servers.cert),
+            ("--tls-cert", &who.cert),
+            ("--tls-key", &who.key),
+        ]
+        .iter()
+        .flat_map(|(f, p)| [f.to_string(), p.display().to_string()])
+        .collect()
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Pki::new()
+    }
+}
+
 impl Ca {
     /// A new self-signed CA named `name`, its files in `dir`.
     pub fn new(dir: &Path, name: &str) -> Ca {

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use coordstore_tests::pki::{self, dial, wait_leader, Ca, Leaf};
+use coordstore_tests::pki::{self, dial, wait_leader, Leaf, Pki};
 use coordstore_tests::wait::{holds, wait};
 use coordstore_tests::{coordstore_cli, ns};
 use journal::pb::{coordination::KvInsert, update::Command, ResetJobEpoch};
@@ -24,7 +24,7 @@ use proto::coordstore::{
     ListNamespacesRequest, NamespaceInfo, NamespaceRequest, NamespaceSettings, ProposeRequest,
     RemoveMemberRequest, ResetNamespaceRequest, StateRequest, StatusRequest,
 };
-use tonic::transport::{Channel, ClientTlsConfig};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -34,74 +34,41 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// The certificates: the servers', the peers', and three clients: the
-/// operator (`ops`, the admin) and two jobs.
+/// The certificates: the cluster's, and three clients: the operator
+/// (`ops`, the admin) and two jobs.
 struct Certs {
-    _dir: tempfile::TempDir,
-    servers: Ca,
-    clients: Ca,
-    peers: Ca,
-    node: Leaf,
-    peer: Leaf,
+    pki: Pki,
     ops: Leaf,
     job_a: Leaf,
     job_b: Leaf,
 }
 
+impl std::ops::Deref for Certs {
+    type Target = Pki;
+    fn deref(&self) -> &Pki {
+        &self.pki
+    }
+}
+
 impl Certs {
     fn new() -> Certs {
-        let dir = tempfile::tempdir().unwrap();
-        let servers = Ca::new(dir.path(), "servers");
-        let clients = Ca::new(dir.path(), "clients");
-        let peers = Ca::new(dir.path(), "peers");
-        let hosts = ["127.0.0.1", "localhost"];
+        let pki = Pki::new();
         Certs {
-            node: servers.issue("node", &hosts),
-            peer: peers.issue("peer", &hosts),
-            ops: clients.issue("ops-alice", &[]),
+            ops: pki.client("ops-alice", &[]),
             // Job A by its CN, job B by a SAN.
-            job_a: clients.issue("job-a", &[]),
-            job_b: clients.issue("trainer", &["job-b.fleet.example"]),
-            servers,
-            clients,
-            peers,
-            _dir: dir,
+            job_a: pki.client("job-a", &[]),
+            job_b: pki.client("trainer", &["job-b.fleet.example"]),
+            pki,
         }
     }
 
     /// Every node's flags: mutual TLS on both ports, and `admins`.
     fn node_flags(&self, admins: &[&str]) -> Vec<String> {
-        let mut flags: Vec<String> = [
-            ("--tls-cert", &self.node.cert),
-            ("--tls-key", &self.node.key),
-            ("--tls-client-ca", &self.clients.cert),
-            ("--peer-tls-cert", &self.peer.cert),
-            ("--peer-tls-key", &self.peer.key),
-            ("--peer-tls-ca", &self.peers.cert),
-        ]
-        .iter()
-        .flat_map(|(f, p)| [f.to_string(), s(p)])
-        .collect();
+        let mut flags = self.pki.node_flags();
         for a in admins {
             flags.extend(["--admin-client-name".to_string(), a.to_string()]);
         }
         flags
-    }
-
-    fn tls(&self, who: &Leaf) -> ClientTlsConfig {
-        proto::tls::client(&self.servers.cert, Some((&who.cert, &who.key))).unwrap()
-    }
-
-    /// `ctl`'s TLS flags as `who`.
-    fn ctl_tls(&self, who: &Leaf) -> Vec<String> {
-        vec![
-            "--tls-ca".into(),
-            s(&self.servers.cert),
-            "--tls-cert".into(),
-            s(&who.cert),
-            "--tls-key".into(),
-            s(&who.key),
-        ]
     }
 }
 

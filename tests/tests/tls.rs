@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use agent::{Agent, AgentConfig};
 use coordstore_tests::jax::PyProc;
-use coordstore_tests::pki::{dial, status, wait_leader, Ca, Leaf};
+use coordstore_tests::pki::{dial, status, wait_leader, Ca, Leaf, Pki};
 use coordstore_tests::wait::{eventually, holds};
 use coordstore_tests::{coordstore_bin, free_port, Cluster, NodeProc};
 use proto::coordstore::node_client::NodeClient;
@@ -25,63 +25,39 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-struct Pki {
-    _dir: tempfile::TempDir,
-    servers: Ca,
-    clients: Ca,
-    peers: Ca,
-    node: Leaf,
+/// The cluster's certificates, a good client's, and a rogue CA with a
+/// client and a peer certificate of its own.
+struct Certs {
+    pki: Pki,
     client: Leaf,
-    peer: Leaf,
     rogue_client: Leaf,
     rogue_peer: Leaf,
     rogue: Ca,
 }
 
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let servers = Ca::new(dir.path(), "servers");
-        let clients = Ca::new(dir.path(), "clients");
-        let peers = Ca::new(dir.path(), "peers");
-        let rogue = Ca::new(dir.path(), "rogue");
-        let hosts = ["127.0.0.1", "localhost"];
-        Pki {
-            node: servers.issue("node", &hosts),
-            client: clients.issue("client", &[]),
-            peer: peers.issue("peer", &hosts),
+impl std::ops::Deref for Certs {
+    type Target = Pki;
+    fn deref(&self) -> &Pki {
+        &self.pki
+    }
+}
+
+impl Certs {
+    fn new() -> Certs {
+        let pki = Pki::new();
+        let rogue = Ca::new(pki.dir.path(), "rogue");
+        Certs {
+            client: pki.client("client", &[]),
             rogue_client: rogue.issue("client", &[]),
-            rogue_peer: rogue.issue("peer", &hosts),
-            servers,
-            clients,
-            peers,
+            rogue_peer: rogue.issue("peer", &["127.0.0.1", "localhost"]),
             rogue,
-            _dir: dir,
+            pki,
         }
     }
 
     /// What a good client dials with.
     fn client_tls(&self) -> ClientTlsConfig {
-        proto::tls::client(
-            &self.servers.cert,
-            Some((&self.client.cert, &self.client.key)),
-        )
-        .unwrap()
-    }
-
-    /// Every node's TLS flags.
-    fn node_flags(&self) -> Vec<String> {
-        [
-            ("--tls-cert", &self.node.cert),
-            ("--tls-key", &self.node.key),
-            ("--tls-client-ca", &self.clients.cert),
-            ("--peer-tls-cert", &self.peer.cert),
-            ("--peer-tls-key", &self.peer.key),
-            ("--peer-tls-ca", &self.peers.cert),
-        ]
-        .iter()
-        .flat_map(|(f, p)| [f.to_string(), s(p)])
-        .collect()
+        self.tls(&self.client)
     }
 }
 
@@ -99,7 +75,7 @@ fn agent(addrs: &[String], tls: ClientTlsConfig) -> Agent {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_with_tls_everywhere_refuses_every_wrong_certificate_and_fails_over() {
-    let pki = Pki::new();
+    let pki = Certs::new();
     let (mut cluster, peers) = tls_cluster(&pki, 3, &[]);
     let addrs = cluster.addrs();
     let good = pki.client_tls();
@@ -233,7 +209,7 @@ async fn a_cluster_with_tls_everywhere_refuses_every_wrong_certificate_and_fails
 
 #[test]
 fn tls_flags_that_do_not_fit_together_are_refused_at_start() {
-    let pki = Pki::new();
+    let pki = Certs::new();
     let node = [s(&pki.node.cert), s(&pki.node.key)];
     for (args, want) in [
         (
@@ -290,7 +266,7 @@ fn tls_flags_that_do_not_fit_together_are_refused_at_start() {
 
 #[test]
 fn stock_jaxlib_dials_mutual_tls_and_through_the_relay() {
-    let pki = Pki::new();
+    let pki = Certs::new();
     let (cluster, _) = tls_cluster(&pki, 1, &[]);
     let addr = cluster.nodes[0].addr.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -368,7 +344,7 @@ fn a_namespace_admits_only_the_client_certificates_it_names() {
     use proto::xla::coordination_service_client::CoordinationServiceClient;
     use proto::xla::RegisterTaskRequest;
 
-    let pki = Pki::new();
+    let pki = Certs::new();
     let job_a = pki.clients.issue("job-a-worker-0", &[]);
     let job_b = pki.clients.issue("someone", &["job-b.example"]);
     let (low, high) = coordstore_tests::free_port_range(&["127.0.0.1"], 2);
@@ -494,7 +470,7 @@ fn a_namespace_admits_only_the_client_certificates_it_names() {
 fn a_plaintext_torch_connection_needs_leave_on_a_tls_port_and_the_relay_needs_none() {
     use agent::torch::StoreClient;
 
-    let pki = Pki::new();
+    let pki = Certs::new();
     let (mut cluster, _) = tls_cluster(&pki, 1, &[]);
     let addr = cluster.nodes[0].addr.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
