@@ -21,6 +21,18 @@ fn backlog(port: u16) -> Option<u32> {
     text.lines().next()?.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// The kernel's count of connections dropped because an accept queue was
+/// full (`TcpExt: ListenOverflows`; each costs its client a 1 s SYN retry).
+fn listen_overflows() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (rows.next()?, rows.next()?);
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
 fn port_of(addr: &str) -> u16 {
     addr.rsplit_once(':').unwrap().1.parse().unwrap()
 }
@@ -28,7 +40,8 @@ fn port_of(addr: &str) -> u16 {
 /// The main, peer and namespace ports listen with an accept queue of
 /// somaxconn (at least 4,096; tokio's default is 128, which dropped 78 of
 /// 4,096 torch ranks' connects into a 1 s SYN retry), and 4,096 TCPStore
-/// clients connecting at once all get their handshake answered.
+/// clients connecting at once all get their handshake answered, with no
+/// overflow of the accept queue (no client waits out a SYN retry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_port_listens_deep_and_4096_clients_connect_at_once() {
     let want = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
@@ -62,6 +75,7 @@ async fn every_port_listens_deep_and_4096_clients_connect_at_once() {
         );
     }
     peer_calls_are_answered_on_the_peer_port_only(&main, &peer).await;
+    let overflows = listen_overflows();
     let t0 = Instant::now();
     let connects = (0..4096u32).map(|i| {
         let addr = main.clone();
@@ -90,6 +104,13 @@ async fn every_port_listens_deep_and_4096_clients_connect_at_once() {
         failed.len(),
         failed.first()
     );
+    // None of them waited out a SYN retry (the queue never overflowed).
+    if let (Some(before), Some(after)) = (overflows, listen_overflows()) {
+        assert_eq!(
+            after, before,
+            "accept-queue overflows while 4,096 connected"
+        );
+    }
 }
 
 /// A node-to-node call is answered on the peer port only, where a node's
@@ -132,6 +153,21 @@ async fn peer_calls_are_answered_on_the_peer_port_only(main: &str, peer: &str) {
         .expect("Node's ReadIndex on the peer port");
 }
 
+/// The connections the node whose metrics listen at `metrics` holds, and
+/// those it refused past its own bound.
+fn connections(metrics: &str) -> (Option<f64>, Option<f64>) {
+    let text = http_get(metrics, "/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    (
+        metric_sample(&text, "coordstore_connections"),
+        metric_sample(
+            &text,
+            "coordstore_connections_refused_total{bound=\"node\"}",
+        ),
+    )
+}
+
 /// Past the node's bound (`--max-connections`) and a namespace's
 /// (`--max-connections-per-namespace`) a connection is closed at once,
 /// counted in the metrics; a place given back is taken again.
@@ -143,18 +179,7 @@ async fn a_connection_past_a_bound_is_closed_at_once_and_counted() {
     cluster.wait_leader(&[0], WAIT).await;
     // wait_leader's own gRPC connections are gone once it returns; wait
     // until the node holds none.
-    let open = || {
-        let text = http_get(&metrics, "/metrics")
-            .map(|(_, t)| t)
-            .unwrap_or_default();
-        (
-            metric_sample(&text, "coordstore_connections"),
-            metric_sample(
-                &text,
-                "coordstore_connections_refused_total{bound=\"node\"}",
-            ),
-        )
-    };
+    let open = || connections(&metrics);
     wait("no connection open", WAIT)
         .until(|| async { holds(open().0 == Some(0.0), open) })
         .await;
@@ -180,9 +205,22 @@ async fn a_connection_past_a_bound_is_closed_at_once_and_counted() {
         .await;
     drop(cluster);
     // Per namespace: the default namespace's bound on the main port.
-    let cluster = Cluster::start(1, &["--max-connections-per-namespace", "2"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let cluster = Cluster::start(
+        1,
+        &[
+            "--max-connections-per-namespace",
+            "2",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
     let addr = cluster.nodes[0].addr.clone();
     cluster.wait_leader(&[0], WAIT).await;
+    let open = || connections(&metrics);
+    wait("wait_leader's connections gone", WAIT)
+        .until(|| async { holds(open().0 == Some(0.0), open) })
+        .await;
     let a = StoreClient::connect(&addr, 1).await.expect("first");
     let b = StoreClient::connect(&addr, 2).await.expect("second");
     assert!(
