@@ -24,6 +24,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --lib --bins -- -D warnings -W clippy::too_many_lines
 # No module cycles in any crate (the script names the cycle and fails).
 python3 scripts/module-cycles.py --self-test
+# No service source file over 600 lines, the README at most 400.
+scripts/size-limits.sh
 deploy/monitoring/check.sh
 # The multi-process tests start the coordstore binary (target/debug/coordstore);
 # `cargo test` alone builds only its test harness.

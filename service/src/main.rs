@@ -87,6 +87,8 @@ enum Cmd {
         namespace: Option<String>,
         #[command(flatten)]
         tls: TlsDial,
+        #[command(flatten)]
+        out: service::cli::ctl::Output,
         #[command(subcommand)]
         command: CtlCommand,
     },
@@ -163,8 +165,9 @@ fn main() -> ExitCode {
             endpoint,
             namespace,
             tls,
+            out,
             command,
-        } => ctl(&rt, &endpoint, namespace, &tls, command),
+        } => ctl(&rt, &endpoint, (namespace, out), &tls, command),
     }
 }
 
@@ -226,7 +229,7 @@ fn relay(
 fn ctl(
     rt: &tokio::runtime::Runtime,
     endpoint: &str,
-    namespace: Option<String>,
+    (namespace, out): (Option<String>, service::cli::ctl::Output),
     tls: &TlsDial,
     command: CtlCommand,
 ) -> ExitCode {
@@ -237,7 +240,12 @@ fn ctl(
             return ExitCode::from(2);
         }
     };
-    match rt.block_on(service::cli::ctl::run(endpoint, tls, namespace, command)) {
+    match rt.block_on(service::cli::ctl::run(
+        endpoint,
+        tls,
+        (namespace, out),
+        command,
+    )) {
         Ok(out) => print_out("ctl", &out),
         Err(e) => {
             eprintln!("coordstore ctl: {}", service::cli::ctl::describe_error(&e));

@@ -602,11 +602,19 @@ async fn the_cli_says_why_a_barrier_waits() {
             .any(|l| l.starts_with("stuck ") && l.contains("0/10")),
         "{all}"
     );
-    let status = ctl_ok(&addr, &["status", "-o", "table"]).await;
-    assert_eq!(
-        status.matches("leader").count(),
-        2,
-        "the leader line and member:\n{status}"
+    // `-o` after the verb or before it (etcdctl's `-w table` habit).
+    for args in [["status", "-o", "table"], ["-o", "table", "status"]] {
+        let status = ctl_ok(&addr, &args).await;
+        assert_eq!(
+            status.matches("leader").count(),
+            2,
+            "{args:?}: the leader line and member:\n{status}"
+        );
+    }
+    let first = ctl_ok(&addr, &["-o", "table", "--namespace", "stuck", "barriers"]).await;
+    assert!(
+        first.contains("PENDING") && serde_json::from_str::<serde_json::Value>(&first).is_err(),
+        "a table, not JSON: {first}"
     );
 
     // A user's control characters stay inert in a table.

@@ -38,10 +38,14 @@ pub enum Format {
     Table,
 }
 
-/// The `-o` of a listing verb.
+/// `ctl`'s `-o`: how a listing verb prints. Given anywhere on the command
+/// line, before the verb or after it (`ctl -o table status`, etcdctl's
+/// `-w table` habit, and `ctl status -o table`); a verb without a table
+/// prints JSON or its plain value either way.
 #[derive(clap::Args, Debug, Clone, Copy, Default)]
 pub struct Output {
-    /// json (every field, for scripts) or table (aligned columns)
+    /// json (every field, for scripts) or table (aligned columns; listing
+    /// verbs)
     #[arg(
         short = 'o',
         long = "output",
@@ -56,10 +60,7 @@ pub struct Output {
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum CtlCommand {
     /// Node status as one JSON object.
-    Status {
-        #[command(flatten)]
-        out: Output,
-    },
+    Status,
     /// Key-value store verbs.
     #[command(subcommand)]
     Kv(KvCommand),
@@ -71,8 +72,6 @@ pub enum CtlCommand {
         /// Only the tasks in this state
         #[arg(long, value_parser = ["connected", "disconnected", "error"])]
         state: Option<String>,
-        #[command(flatten)]
-        out: Output,
     },
     /// Every barrier with its newest instance; a pending one with how long
     /// it has waited and the tasks it waits for (the first 20, each with
@@ -80,8 +79,6 @@ pub enum CtlCommand {
     Barriers {
         /// One barrier, pending or not
         id: Option<String>,
-        #[command(flatten)]
-        out: Output,
     },
     /// Cluster membership.
     #[command(subcommand)]
@@ -90,8 +87,6 @@ pub enum CtlCommand {
     Tfdata {
         #[command(subcommand)]
         what: TfDataCommand,
-        #[command(flatten)]
-        out: Output,
     },
     /// Start a new job epoch: clear tasks, barriers, errors and KV and draw a
     /// new service incarnation (optionally with a new task layout).
@@ -342,13 +337,13 @@ fn shown(v: Value, out: Output, table: impl FnOnce(&Value) -> String) -> Printed
     }
 }
 
-/// Runs one command against `endpoint`; returns what to print.
-/// `tls`: dial over TLS (None: plaintext). `ns`: the namespace of the kv,
-/// tasks, barriers, tfdata and reset-job verbs (None: the default one).
+/// Runs one command against `endpoint`; returns what to print, as `out`
+/// asks. `tls`: dial over TLS (None: plaintext). `ns`: the namespace of the
+/// kv, tasks, barriers, tfdata and reset-job verbs (None: the default one).
 pub async fn run(
     endpoint: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
-    ns: Option<String>,
+    (ns, out): (Option<String>, Output),
     cmd: CtlCommand,
 ) -> anyhow::Result<String> {
     // Needs no node.
@@ -357,19 +352,19 @@ pub async fn run(
     }
     let mut c = connect(endpoint, tls).await?;
     let printed = match cmd {
-        CtlCommand::Status { out } => shown(status_json(&mut c).await?, out, show::status),
-        CtlCommand::Ns(n) => ns_command(&mut c, n).await?,
-        CtlCommand::Kv(k) => kv_command(&mut c, &ns, k).await?,
-        CtlCommand::Tfdata { what, out } => {
+        CtlCommand::Status => shown(status_json(&mut c).await?, out, show::status),
+        CtlCommand::Ns(n) => ns_command(&mut c, n, out).await?,
+        CtlCommand::Kv(k) => kv_command(&mut c, (&ns, out), k).await?,
+        CtlCommand::Tfdata { what } => {
             let s = state(&mut c, &ns).await?;
             let v = tfdata_json(namespace(&s, &ns)?, what);
             shown(v, out, |v| show::tfdata(what, v))
         }
-        CtlCommand::Tasks { task, state, out } => {
+        CtlCommand::Tasks { task, state } => {
             let v = tasks_json(&mut c, &ns, task, state).await?;
             shown(v, out, show::tasks)
         }
-        CtlCommand::Barriers { id, out } => {
+        CtlCommand::Barriers { id } => {
             shown(barriers_json(&mut c, &ns, id).await?, out, show::barriers)
         }
         CtlCommand::Member(m) => Printed::Json(member_command(&mut c, m).await?),

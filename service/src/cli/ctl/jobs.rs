@@ -22,8 +22,6 @@ pub enum KvCommand {
         /// The PyTorch store's keys (TCPStore) starting with PREFIX instead
         #[arg(long)]
         torch: bool,
-        #[command(flatten)]
-        out: Output,
     },
     /// Delete a key and everything under it.
     Delete { key: String },
@@ -32,7 +30,7 @@ pub enum KvCommand {
 /// `ctl kv ...`.
 pub(super) async fn kv_command(
     c: &mut NodeClient<Channel>,
-    ns: &Option<String>,
+    (ns, out): (&Option<String>, Output),
     cmd: KvCommand,
 ) -> anyhow::Result<Printed> {
     Ok(match cmd {
@@ -63,7 +61,7 @@ pub(super) async fn kv_command(
             propose(c, ns, Command::from(KvDelete { key })).await?;
             Printed::Text("OK".into())
         }
-        KvCommand::Ls { prefix, torch, out } => {
+        KvCommand::Ls { prefix, torch } => {
             let list = KvListRequest {
                 prefix,
                 limit: 0,

@@ -14,18 +14,11 @@ pub enum NsCommand {
         settings: Box<NsSettings>,
     },
     /// Every namespace (with its oldest pending barrier's wait).
-    Ls {
-        #[command(flatten)]
-        out: Output,
-    },
+    Ls,
     /// One namespace: its settings, port, tasks by state, the pending
     /// barriers with the tasks they wait for, keys, bytes, parked calls,
     /// tf.data jobs and workers, closure queues.
-    Get {
-        name: String,
-        #[command(flatten)]
-        out: Output,
-    },
+    Get { name: String },
     /// A new job epoch in the namespace (clears tasks, barriers, errors and
     /// KV; a new service incarnation).
     Reset {
@@ -149,10 +142,11 @@ pub(super) fn namespace<'a>(
 pub(super) async fn ns_command(
     c: &mut NodeClient<Channel>,
     cmd: NsCommand,
+    out: Output,
 ) -> anyhow::Result<Printed> {
     match cmd {
-        NsCommand::Ls { out } => Ok(shown(ns_list(c).await?, out, show::namespaces)),
-        NsCommand::Get { name, out } => Ok(shown(ns_get(c, name).await?, out, show::namespace)),
+        NsCommand::Ls => Ok(shown(ns_list(c).await?, out, show::namespaces)),
+        NsCommand::Get { name } => Ok(shown(ns_get(c, name).await?, out, show::namespace)),
         change => Ok(Printed::Json(ns_change(c, change).await?)),
     }
 }
@@ -218,7 +212,7 @@ pub(super) async fn ns_change(
             let req = CreateNamespaceRequest { name, settings };
             one(c.create_namespace(req).await?.into_inner())
         }
-        NsCommand::Ls { .. } => ns_list(c).await?,
+        NsCommand::Ls => ns_list(c).await?,
         NsCommand::Get { name, .. } => ns_get(c, name).await?,
         NsCommand::Reset { name, tasks } => {
             let req = ResetNamespaceRequest {
