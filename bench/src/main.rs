@@ -682,7 +682,12 @@ async fn torch_suite(out: &Out, a: TorchArgs, machine: &Machine) -> anyhow::Resu
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (rows, handoffs) = torch::run(&peers, &load).await?;
     let path = out.json("torch", &(&rows, &handoffs))?;
-    let md = format!("{}\n{}", machine.line(), torch::table(&rows, &handoffs));
+    let md = format!(
+        "{}\n{}\n{}",
+        machine.line(),
+        torch::RESOLUTION,
+        torch::table(&rows, &handoffs)
+    );
     std::fs::write(out.dir.join("torch.md"), &md)?;
     println!("{md}");
     eprintln!("results: {}", path.display());

@@ -212,7 +212,52 @@ impl Servers {
     }
 }
 
-/// torch's libuv TCPStore server in the torch venv's Python, on a free port.
+/// How every peer resolves names, as the report states it.
+pub const RESOLUTION: &str = "Name lookups numeric for every peer: coordstore does none; torch's \
+     server runs with a shim that makes its getnameinfo numeric (bench/shim), so its reverse \
+     lookup of each accepted connection does not time this machine's resolver.\n";
+
+/// The source of the shim that makes every `getnameinfo` of torch's server
+/// numeric (see the file's comment).
+const NUMERIC_SHIM: &str = include_str!("../shim/numeric_getnameinfo.c");
+
+/// The numeric-`getnameinfo` shim, compiled with `cc` once into
+/// `target/bench-shim/` (or the temp dir where that is not writable).
+fn numeric_shim() -> anyhow::Result<std::path::PathBuf> {
+    let dir = coordstore_tests::workspace().join("target/bench-shim");
+    let dir = match std::fs::create_dir_all(&dir) {
+        Ok(()) => dir,
+        Err(_) => std::env::temp_dir().join("coordstore-bench-shim"),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let (src, lib) = (
+        dir.join("numeric_getnameinfo.c"),
+        dir.join("numeric_getnameinfo.so"),
+    );
+    let current = std::fs::read_to_string(&src).is_ok_and(|s| s == NUMERIC_SHIM);
+    if !current || !lib.exists() {
+        std::fs::write(&src, NUMERIC_SHIM)?;
+        let out = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .arg("-ldl")
+            .output()
+            .map_err(|e| anyhow::anyhow!("cc (for torch's server's numeric lookups): {e}"))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "cc could not build {}: {}",
+            lib.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(lib)
+}
+
+/// torch's libuv TCPStore server in the torch venv's Python, on a free port,
+/// its name lookups numeric ([`numeric_shim`], preloaded): without it the
+/// server's reverse lookup of each accepted connection times this
+/// machine's resolver.
 async fn start_torch() -> anyhow::Result<Servers> {
     let python = coordstore_tests::workspace().join("target/torch-venv/bin/python");
     anyhow::ensure!(
@@ -230,6 +275,7 @@ async fn start_torch() -> anyhow::Result<Servers> {
     );
     let mut child = std::process::Command::new(python)
         .args(["-c", &script])
+        .env("LD_PRELOAD", numeric_shim()?)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(
