@@ -37,6 +37,8 @@ def module_of(src, path):
 def strip_comments(text):
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     text = re.sub(r"//[^\n]*", "", text)
+    # Char literals first: a '"' would pair with the next string's quote.
+    text = re.sub(r"'(?:\\.|[^'\\\n])'", "' '", text)
     return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
 
 
@@ -48,7 +50,7 @@ def paths_after(text, i):
     def parse(i, prefix):
         segs = list(prefix)
         while True:
-            m = re.match(r"\s*(" + IDENT + r"|\{)", text[i:])
+            m = re.match(r"\s*(" + IDENT + r"|\{|\*)", text[i:])
             if not m:
                 out.append(segs)
                 return i
@@ -153,7 +155,7 @@ def crate_graph(crate):
     for p, (mod, text) in texts.items():
         at = lambda pos, p=p, mod=mod: module_at(spans[p], mod, pos)
         for m in re.finditer(
-            r"\bpub(\([^)]*\))?\s+(?:async\s+|unsafe\s+)*(?:fn|struct|enum|const|static|type|trait)\s+("
+            r"\bpub(\([^)]*\))?\s+(?:async\s+|unsafe\s+|const\s+)*(?:fn|struct|enum|const|static|type|trait)\s+("
             + IDENT
             + ")",
             text,
@@ -238,6 +240,14 @@ SELF_TEST = {
     "inline": {
         "lib.rs": "mod n;\nmod m {\n    use crate::n::Z;\n    pub struct W;\n}\n",
         "n.rs": "use crate::m::W;\npub struct Z;\n",
+    },
+    # A cycle through a glob re-export of a sibling's items.
+    "glob": {
+        "lib.rs": "mod p;\n",
+        "p/mod.rs": "mod q;\nmod r;\npub use self::q::*;\n",
+        "p/q.rs": "use crate::p::r::R;\npub struct Q;\n",
+        # (a char literal '"' before the path: not the start of a string)
+        "p/r.rs": "const C: char = '\"';\nuse crate::p::Q;\nconst S: &str = \"x\";\npub struct R;\n",
     },
     # A cycle through the parent's re-export of a sibling's item.
     "reexport": {

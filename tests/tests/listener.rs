@@ -153,6 +153,34 @@ async fn peer_calls_are_answered_on_the_peer_port_only(main: &str, peer: &str) {
         .expect("Node's ReadIndex on the peer port");
 }
 
+/// On a node whose peers share its one port, a node-to-node call is
+/// admitted as it was before NodePeer: a read index to anyone who reached
+/// the port, a heartbeat only into a namespace that exists (and admits the
+/// caller), never passed through on the strength of being "a peer's".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_port_a_peer_call_is_admitted_as_a_clients_would_be() {
+    use proto::coordstore::{HeartbeatRequest, ReadIndexRequest};
+    let cluster = Cluster::start(1, &[]);
+    let addr = cluster.nodes[0].addr.clone();
+    cluster.wait_leader(&[0], WAIT).await;
+    let mut c = connect(&addr, WAIT).await;
+    c.read_index(ReadIndexRequest {})
+        .await
+        .expect("a read index on the shared port");
+    let mut hb = tonic::Request::new(HeartbeatRequest {
+        task: 0,
+        incarnation: 1,
+    });
+    hb.metadata_mut()
+        .insert("x-coordstore-namespace", "nope".parse().unwrap());
+    let got = c.heartbeat(hb).await;
+    assert_eq!(
+        got.as_ref().map_err(tonic::Status::code).err(),
+        Some(tonic::Code::NotFound),
+        "a heartbeat into a namespace that does not exist: {got:?}"
+    );
+}
+
 /// The connections the node whose metrics listen at `metrics` holds, and
 /// those it refused past its own bound.
 fn connections(metrics: &str) -> (Option<f64>, Option<f64>) {

@@ -74,8 +74,10 @@ pub enum Access<'a> {
     /// also needs the cluster's peer token, when it has one.
     Membership(&'a str),
     /// A node-to-node call (a read index, a forwarded heartbeat): on a node
-    /// whose peers have a port of their own, only there.
-    Peer,
+    /// whose peers have a port of their own, only there; on a node whose
+    /// peers share its one port, admitted as the inner access says (a
+    /// heartbeat names a task of a namespace, which must admit the caller).
+    Peer(&'a Access<'a>),
 }
 
 /// What kind of journal command an update from outside carries (the

@@ -153,11 +153,12 @@ impl Core {
                 )
                 .into()),
             },
-            Access::Peer if call.is_admitted() || !self.peer_port => Ok(()),
-            Access::Peer => Err(Status::permission_denied(
+            Access::Peer(_) if call.is_admitted() => Ok(()),
+            Access::Peer(_) if self.peer_port => Err(Status::permission_denied(
                 "a node-to-node call: this node's peers call it on its peer port (--peer-listen)",
             )
             .into()),
+            Access::Peer(shared) => Box::pin(self.admit(call, *shared)).await,
             Access::Membership(verb) => {
                 call.admit_cluster_verb(verb, &self.admins)?;
                 let presented = call.peer_credentials();

@@ -11,7 +11,7 @@ impl NodeApi {
         req: Request<ReadIndexRequest>,
     ) -> Reply<ReadIndexResponse> {
         let router = self.core().router();
-        self.call(req, door(Access::Peer), |c, _| async move {
+        self.call(req, door(Access::Peer(&Access::Open)), |c, _| async move {
             let index = router.read_index(&c).await?;
             Ok(ReadIndexResponse { index })
         })
@@ -25,7 +25,7 @@ impl NodeApi {
         let area = &self.area;
         self.call(
             req,
-            door(Access::Peer),
+            door(Access::Peer(&Access::Namespace)),
             |c, r: HeartbeatRequest| async move {
                 // The leader's verdict travels in the reply.
                 let error = match area.leader_heartbeat(&c, r.task, r.incarnation).await {
