@@ -293,7 +293,14 @@ fn serve_main(
         parts.namespaces.clone(),
         s.max_message_bytes,
     );
-    routes.add_service(health).add_service(node_api);
+    let by_audience =
+        NodeApi::audience_servers(&s.coordination, &parts.namespaces, s.max_message_bytes);
+    routes
+        .add_service(health)
+        .add_service(node_api)
+        .add_service(by_audience.admin)
+        .add_service(by_audience.ops)
+        .add_service(by_audience.data);
     if with_peers {
         routes.add_service(NodeApi::peer_server(
             s.coordination.clone(),

@@ -368,6 +368,17 @@ fn a_node_of_a_lower_level_is_not_added() {
     );
     let s = rt.block_on(try_status(&addr)).unwrap();
     assert_eq!(s.members.len(), 1, "{s:?}");
+    // This build's ctl asks a node of the build before, which has no
+    // NodeOps (the Node API by audience), through its Node service.
+    let (ok, out, err) = rt.block_on(coordstore_cli(&[
+        "ctl",
+        "--endpoint",
+        &joiner_addr,
+        "status",
+    ]));
+    assert!(ok, "ctl status on the build before: {err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(status["node_id"], 2, "{out}");
     joiner.kill();
 }
 

@@ -3,11 +3,13 @@
 //! or plain values on stdout; a listing verb prints aligned columns with
 //! `-o table` ([`table`], [`show`]).
 
+mod conn;
 mod jobs;
 mod ns;
 mod show;
 pub mod table;
 
+use conn::NodeConn;
 pub use jobs::KvCommand;
 use jobs::*;
 use ns::*;
@@ -20,13 +22,11 @@ use journal::pb::{
 };
 use journal::{State, Update};
 use prost::Message;
-use proto::coordstore::node_client::NodeClient;
 use proto::coordstore::{
     BarrierWaitsRequest, BarriersRequest, KvGetRequest, KvListRequest, PendingBarrier,
     ProposeRequest, StateRequest, StatusRequest, TaskHealth, TasksRequest,
 };
 use serde_json::{json, Value};
-use tonic::transport::Channel;
 
 /// How a listing verb prints.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -225,7 +225,7 @@ fn tfdata_json(s: journal::Namespace<'_>, what: TfDataCommand) -> Value {
 async fn connect(
     endpoint: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
-) -> anyhow::Result<NodeClient<Channel>> {
+) -> anyhow::Result<NodeConn> {
     let mut ep = tonic::transport::Endpoint::from_shared(proto::tls::uri(endpoint, tls.is_some()))?;
     if let Some(tls) = tls {
         ep = ep.tls_config(tls)?;
@@ -234,9 +234,7 @@ async fn connect(
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach {endpoint}: {e}"))?;
-    Ok(NodeClient::new(ch)
-        .max_decoding_message_size(1 << 30)
-        .max_encoding_message_size(1 << 30))
+    Ok(NodeConn::new(ch))
 }
 
 /// `msg` as a request in `namespace` (header `x-coordstore-namespace`).
@@ -250,7 +248,7 @@ fn in_ns<T>(namespace: &Option<String>, msg: T) -> anyhow::Result<tonic::Request
 }
 
 async fn propose(
-    c: &mut NodeClient<Channel>,
+    c: &mut NodeConn,
     namespace: &Option<String>,
     command: Command,
 ) -> anyhow::Result<journal::Outcome> {
@@ -274,7 +272,7 @@ async fn propose(
 
 /// Namespace `namespace`'s part of the state (the default one if `None`):
 /// what a client the namespace admits may read.
-async fn state(c: &mut NodeClient<Channel>, namespace: &Option<String>) -> anyhow::Result<State> {
+async fn state(c: &mut NodeConn, namespace: &Option<String>) -> anyhow::Result<State> {
     let namespace = namespace
         .as_deref()
         .unwrap_or(journal::DEFAULT_NAMESPACE)
@@ -378,7 +376,7 @@ pub async fn run(
 }
 
 /// `ctl status`: the node's status as JSON.
-async fn status_json(c: &mut NodeClient<Channel>) -> anyhow::Result<Value> {
+async fn status_json(c: &mut NodeConn) -> anyhow::Result<Value> {
     let s = c.status(StatusRequest {}).await?.into_inner();
     Ok(json!({
         "node_id": s.node_id,
@@ -406,7 +404,7 @@ async fn status_json(c: &mut NodeClient<Channel>) -> anyhow::Result<Value> {
 }
 
 /// `ctl member add|remove`: the members after the change.
-async fn member_command(c: &mut NodeClient<Channel>, m: MemberCommand) -> anyhow::Result<Value> {
+async fn member_command(c: &mut NodeConn, m: MemberCommand) -> anyhow::Result<Value> {
     let r = match m {
         MemberCommand::Add {
             id,
@@ -433,10 +431,7 @@ async fn member_command(c: &mut NodeClient<Channel>, m: MemberCommand) -> anyhow
 }
 
 /// `ctl snapshot save|status`.
-async fn snapshot_command(
-    c: &mut NodeClient<Channel>,
-    cmd: SnapshotCommand,
-) -> anyhow::Result<Value> {
+async fn snapshot_command(c: &mut NodeConn, cmd: SnapshotCommand) -> anyhow::Result<Value> {
     let file = match cmd {
         SnapshotCommand::Status { file } => return Ok(json!(backup_header(&file)?)),
         SnapshotCommand::Save { file } => file,
@@ -457,7 +452,7 @@ async fn snapshot_command(
 
 /// `ctl reset-job [--tasks N]`: a new job epoch; its service incarnation.
 async fn reset_job(
-    c: &mut NodeClient<Channel>,
+    c: &mut NodeConn,
     ns: &Option<String>,
     tasks: Option<u32>,
 ) -> anyhow::Result<Value> {

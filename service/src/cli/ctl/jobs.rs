@@ -29,7 +29,7 @@ pub enum KvCommand {
 
 /// `ctl kv ...`.
 pub(super) async fn kv_command(
-    c: &mut NodeClient<Channel>,
+    c: &mut NodeConn,
     (ns, out): (&Option<String>, Output),
     cmd: KvCommand,
 ) -> anyhow::Result<Printed> {
@@ -96,7 +96,7 @@ pub(super) fn health_json(t: &TaskHealth) -> Value {
 /// connected or not heard since it took over). NOT_FOUND for a task the
 /// namespace does not have.
 pub(super) async fn tasks_json(
-    c: &mut NodeClient<Channel>,
+    c: &mut NodeConn,
     ns: &Option<String>,
     task: Option<String>,
     state: Option<String>,
@@ -131,7 +131,7 @@ pub(super) fn pending_json(b: &PendingBarrier) -> Value {
 /// named: NOT_FOUND if there is none), a pending one with [`pending_json`]'s
 /// fields too.
 pub(super) async fn barriers_json(
-    c: &mut NodeClient<Channel>,
+    c: &mut NodeConn,
     ns: &Option<String>,
     id: Option<String>,
 ) -> anyhow::Result<Value> {

@@ -140,7 +140,7 @@ pub(super) fn namespace<'a>(
 
 /// A namespace verb.
 pub(super) async fn ns_command(
-    c: &mut NodeClient<Channel>,
+    c: &mut NodeConn,
     cmd: NsCommand,
     out: Output,
 ) -> anyhow::Result<Printed> {
@@ -153,7 +153,7 @@ pub(super) async fn ns_command(
 
 /// `ctl ns ls`: every namespace, each with its oldest pending barrier's
 /// wait as the leader knows it (`oldest_barrier_ms`, null if none).
-pub(super) async fn ns_list(c: &mut NodeClient<Channel>) -> anyhow::Result<Value> {
+pub(super) async fn ns_list(c: &mut NodeConn) -> anyhow::Result<Value> {
     use proto::coordstore::ListNamespacesRequest;
     let all = c.list_namespaces(ListNamespacesRequest {}).await?;
     let waits = match c.barrier_waits(BarrierWaitsRequest {}).await {
@@ -177,7 +177,7 @@ pub(super) async fn ns_list(c: &mut NodeClient<Channel>) -> anyhow::Result<Value
 /// `ctl ns get NAME`: the namespace, with its pending barriers and the
 /// tasks they wait for (`pending_barriers`; `pending_barriers_error` if
 /// the node could not say).
-pub(super) async fn ns_get(c: &mut NodeClient<Channel>, name: String) -> anyhow::Result<Value> {
+pub(super) async fn ns_get(c: &mut NodeConn, name: String) -> anyhow::Result<Value> {
     use proto::coordstore::NamespaceRequest;
     let info = c
         .get_namespace(NamespaceRequest { name: name.clone() })
@@ -192,16 +192,13 @@ pub(super) async fn ns_get(c: &mut NodeClient<Channel>, name: String) -> anyhow:
             let pending = b.into_inner().barriers.iter().map(pending_json).collect();
             v["pending_barriers"] = Value::Array(pending);
         }
-        Err(e) => v["pending_barriers_error"] = json!(describe_error(&e.into())),
+        Err(e) => v["pending_barriers_error"] = json!(describe_error(&e)),
     }
     Ok(v)
 }
 
 /// A namespace verb that changes something (or exports it).
-pub(super) async fn ns_change(
-    c: &mut NodeClient<Channel>,
-    cmd: NsCommand,
-) -> anyhow::Result<Value> {
+pub(super) async fn ns_change(c: &mut NodeConn, cmd: NsCommand) -> anyhow::Result<Value> {
     use proto::coordstore::{
         CreateNamespaceRequest, ImportNamespaceRequest, NamespaceRequest, ResetNamespaceRequest,
     };

@@ -5,12 +5,15 @@ use super::*;
 
 /// Whether `path` names a method of a service this node serves.
 pub(super) fn known_path(path: &str) -> bool {
-    const SERVICES: [&str; 10] = [
+    const SERVICES: [&str; 13] = [
         "/xla.coordination.CoordinationService/",
         "/tensorflow.CoordinationService/",
         "/tensorflow.data.DispatcherService/",
         "/coordstore.v1.Node/",
         "/coordstore.v1.NodePeer/",
+        "/coordstore.v1.NodeAdmin/",
+        "/coordstore.v1.NodeOps/",
+        "/coordstore.v1.NodeData/",
         "/coordstore.v1.Agent/",
         "/coordstore.v1.TorchStore/",
         "/coordstore.v1.ClosureQueue/",

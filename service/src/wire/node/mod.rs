@@ -1,19 +1,27 @@
-//! coordstore's own `Node` API, three kinds of calls on one service:
+//! coordstore's own Node API, by audience, each a service of its own and a
+//! file of this module:
 //!
-//! * status and reads for operators and tools (`coordstore ctl`, tests):
-//!   Status, KvGet, KvList, State — a read runs on the leader after a read
-//!   barrier (a follower forwards the whole call);
-//! * the namespace lifecycle (create, delete, reset, get, list, export,
-//!   import);
-//! * diagnostics (Tasks, Barriers, BarrierWaits: why a job is stuck, read
-//!   on the leader, which alone knows heartbeat times; see
-//!   [`crate::ops::diagnose`]) and a node's readiness (Ready);
-//! * membership changes (AddMember, RemoveMember), refused without the
-//!   cluster's peer token when it has one;
-//! * what nodes ask each other (Propose, ReadIndex, Heartbeat): a follower
-//!   forwards its clients' calls to the leader through them. Propose admits
-//!   only commands a client may issue, whatever headers the request carries
-//!   (see [`propose_door`]).
+//! * `NodeAdmin` ([`admin`]): the cluster's administration: the namespace
+//!   lifecycle (create, delete, reset, export, import), the state for a
+//!   backup or one namespace's part (State), membership changes
+//!   (AddMember, RemoveMember, refused without the cluster's peer token
+//!   when it has one);
+//! * `NodeOps` ([`ops`]): operators' views: the node's status and
+//!   readiness (Status, Ready), the namespaces (GetNamespace,
+//!   ListNamespaces), diagnostics (Tasks, Barriers, BarrierWaits:
+//!   why a job is stuck, read on the leader, which alone knows heartbeat
+//!   times; see [`crate::ops::diagnose`]);
+//! * `NodeData` ([`data`]): applications and tools: Propose (admits only
+//!   commands a client may issue, whatever headers the request carries; see
+//!   [`propose_door`]), KvGet, KvList (linearizable: on the leader after a
+//!   read barrier, a follower forwarding the whole call);
+//! * `NodePeer` ([`peer`]): what nodes ask each other besides Raft (a
+//!   follower forwards its clients' proposals, read indexes and heartbeats
+//!   to its leader), on the peer port only.
+//!
+//! `Node` is all of them in one service, as builds before the split call
+//! them (and as a follower forwards a whole call to its leader); a node
+//! serves both, and `ctl` falls back to `Node` on a node of a build before.
 //!
 //! Every method runs the one pipeline of every service (`super::serve`):
 //! the call's context, its admission for what the method needs ([`Access`],
@@ -29,7 +37,10 @@ use std::sync::Arc;
 
 use journal::Update;
 use prost::Message;
+use proto::coordstore::node_admin_server::{NodeAdmin, NodeAdminServer};
 use proto::coordstore::node_client::NodeClient;
+use proto::coordstore::node_data_server::{NodeData, NodeDataServer};
+use proto::coordstore::node_ops_server::{NodeOps, NodeOpsServer};
 use proto::coordstore::node_peer_server::{NodePeer, NodePeerServer};
 use proto::coordstore::node_server::{Node, NodeServer};
 use proto::coordstore::*;
@@ -58,13 +69,40 @@ pub struct NodeApi {
     namespaces: Arc<Namespaces>,
 }
 
-/// The peer calls (`NodePeer`) of one node.
-pub struct PeerApi(NodeApi);
+/// Writes `$name`, one audience's part of a node's [`NodeApi`] (see the
+/// module).
+macro_rules! audience {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        pub struct $name(NodeApi);
 
-impl PeerApi {
-    fn api(&self) -> &NodeApi {
-        &self.0
-    }
+        impl $name {
+            fn api(&self) -> &NodeApi {
+                &self.0
+            }
+        }
+    )*};
+}
+
+audience! {
+    /// The peer calls (`NodePeer`) of one node.
+    PeerApi;
+    /// The administration (`NodeAdmin`) of one node.
+    AdminApi;
+    /// The operators' views (`NodeOps`) of one node.
+    OpsApi;
+    /// The data calls (`NodeData`) of one node.
+    DataApi;
+}
+
+/// A node's Node API by audience, each a tonic service (see the module).
+pub struct Audiences {
+    /// `NodeAdmin`.
+    pub admin: NodeAdminServer<AdminApi>,
+    /// `NodeOps`.
+    pub ops: NodeOpsServer<OpsApi>,
+    /// `NodeData`.
+    pub data: NodeDataServer<DataApi>,
 }
 
 /// What a Node API method answers.
@@ -91,6 +129,30 @@ impl NodeApi {
         NodePeerServer::new(PeerApi(NodeApi { area, namespaces }))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// The administration, operations and data services (see the module):
+    /// the same API.
+    pub fn audience_servers(
+        area: &Coordination,
+        namespaces: &Arc<Namespaces>,
+        max: usize,
+    ) -> Audiences {
+        let api = || NodeApi {
+            area: area.clone(),
+            namespaces: namespaces.clone(),
+        };
+        Audiences {
+            admin: NodeAdminServer::new(AdminApi(api()))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+            ops: NodeOpsServer::new(OpsApi(api()))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+            data: NodeDataServer::new(DataApi(api()))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        }
     }
 
     fn api(&self) -> &NodeApi {
@@ -188,4 +250,31 @@ delegate! { NodePeer, PeerApi =>
     propose(ProposeRequest) -> ProposeResponse;
     read_index(ReadIndexRequest) -> ReadIndexResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+}
+
+delegate! { NodeAdmin, AdminApi =>
+    create_namespace(CreateNamespaceRequest) -> NamespaceInfo;
+    delete_namespace(NamespaceRequest) -> NamespaceInfo;
+    reset_namespace(ResetNamespaceRequest) -> NamespaceInfo;
+    export_namespace(NamespaceRequest) -> ExportNamespaceResponse;
+    import_namespace(ImportNamespaceRequest) -> NamespaceInfo;
+    state(StateRequest) -> StateResponse;
+    add_member(AddMemberRequest) -> MembershipResponse;
+    remove_member(RemoveMemberRequest) -> MembershipResponse;
+}
+
+delegate! { NodeOps, OpsApi =>
+    status(StatusRequest) -> StatusResponse;
+    get_namespace(NamespaceRequest) -> NamespaceInfo;
+    list_namespaces(ListNamespacesRequest) -> ListNamespacesResponse;
+    ready(ReadyRequest) -> ReadyResponse;
+    tasks(TasksRequest) -> TasksResponse;
+    barriers(BarriersRequest) -> BarriersResponse;
+    barrier_waits(BarrierWaitsRequest) -> BarrierWaitsResponse;
+}
+
+delegate! { NodeData, DataApi =>
+    propose(ProposeRequest) -> ProposeResponse;
+    kv_get(KvGetRequest) -> KvGetResponse;
+    kv_list(KvListRequest) -> KvListResponse;
 }
