@@ -87,7 +87,7 @@ pub use level::{FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, LEVEL_TORCH, OLDEST
 pub use namespace::{Namespace, Usage, DEFAULT_NAMESPACE};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{
-    client_proposable, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS,
+    client_proposable, node_proposable, SnapshotError, State, DEFAULT_MAX_CLIENT_SESSIONS,
     DEFAULT_MAX_OUTCOMES_PER_CLIENT, DEFAULT_SESSION_HORIZON_MS, INVARIANT_CHECK_EVERY,
     INVARIANT_CHECK_SIZE, SESSION_SWEEP_EVERY,
 };

@@ -1,7 +1,8 @@
 //! A hostile client on the Node API: headers a client can set are not
 //! trusted. `x-coordstore-forwarded` (which nodes put on the calls they
-//! forward) neither lets a client propose the leader runtime's commands nor
-//! keep a time of its own choosing.
+//! forward) neither lets a client propose the leader runtime's commands (or
+//! a node's bookkeeping of its connections) nor keep a time of its own
+//! choosing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -50,6 +51,11 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
             }),
             Command::InitService(InitService::default()),
             Command::from(TasksUnhealthy { tasks: vec![0, 1] }),
+            // A node's bookkeeping of the TCPStore connections it holds:
+            // only through NodePeer, never the client's Node API.
+            Command::from(journal::pb::torch::Forget {
+                connections: vec![1],
+            }),
         ];
         for cmd in leader_only {
             let e = c

@@ -185,7 +185,8 @@ async fn the_page_shows_why_a_job_of_1024_tasks_is_stuck() {
 }
 
 /// Strings users chose, holding markup, show as text: a job name, an error
-/// message, a barrier id, keys (which the page only counts). And a
+/// message, a barrier id, keys (which the page only counts), PyTorch store
+/// keys waited on and counted. And a
 /// namespace of 65,536 tasks draws.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn markup_from_users_shows_as_text() {
@@ -260,6 +261,39 @@ async fn markup_from_users_shows_as_text() {
         !one.contains("<img") && one.contains(&esc(&barrier)),
         "{one}"
     );
+
+    // PyTorch store keys are a client's bytes too: a rank waits on one and
+    // ADDs to another, each holding markup; the store's section shows them
+    // as text.
+    let mut waiter = agent::torch::StoreClient::connect(&addr, 7)
+        .await
+        .expect("connect");
+    let waited = format!("/k{IMG}{BOLD}");
+    waiter
+        .send(&proto::torch::Op::Wait {
+            keys: vec![waited.clone()],
+        })
+        .await
+        .expect("wait");
+    let mut adder = agent::torch::StoreClient::connect(&addr, 8)
+        .await
+        .expect("connect");
+    let counter = format!("/c{BOLD}{IMG}");
+    assert_eq!(adder.add(&counter, 3).await.expect("add"), 3);
+    let torch_url = format!("http://{}/ui/ns/default", http[0]);
+    let dom = dom_showing(&torch_url, "the torch keys", |d| {
+        section(d, "torch").is_some_and(|t| {
+            text(t).contains("1 connection waits") && t.contains("class=\"counter\"")
+        })
+    })
+    .await;
+    assert!(!dom.contains("<img"), "{dom}");
+    assert!(!dom.contains("<b id=\"injected\""), "{dom}");
+    assert!(dom.contains("<title>coordstore · default</title>"), "{dom}");
+    let torch = section(&dom, "torch").unwrap();
+    for s in [esc(&waited), esc(&counter)] {
+        assert!(torch.contains(&s), "{s} in {torch}");
+    }
 
     // A namespace of 65,536 tasks draws: one canvas cell each.
     ns::create(&addr, "big", ns::tasks(65_536))

@@ -182,6 +182,16 @@ pub fn client_proposable(command: &Command) -> bool {
     }
 }
 
+/// Whether `command` is bookkeeping a node proposes for the clients it
+/// holds (a follower forwards it to its leader): the PyTorch store's
+/// closing and keeping alive of its connections.
+pub fn node_proposable(command: &Command) -> bool {
+    match command {
+        Command::Torch(c) => c.command.as_ref().is_some_and(torch::node_proposable),
+        _ => false,
+    }
+}
+
 /// Which area an effect came from (an area does not hear its own effects).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum AreaId {

@@ -169,7 +169,14 @@ pub(crate) fn counted_bytes(d: &Data) -> u64 {
 /// Whether clients may propose `command` (every store command but the
 /// bookkeeping of connections, which their nodes propose).
 pub fn client_proposable(command: &Command) -> bool {
-    !matches!(command, Command::Forget(_) | Command::Touch(_))
+    !node_proposable(command)
+}
+
+/// Whether `command` is the bookkeeping a node proposes for the
+/// connections it holds (their closing, their being alive): a follower
+/// sends it to its leader.
+pub fn node_proposable(command: &Command) -> bool {
+    matches!(command, Command::Forget(_) | Command::Touch(_))
 }
 
 crate::area::area_commands!(

@@ -93,6 +93,15 @@ impl<'a> Reader<'a> {
             .count()
     }
 
+    /// The keys some connection waits on, in key order, each with its
+    /// registrations in order (a connection once per registration).
+    pub fn waiters(&self) -> impl Iterator<Item = (&'a String, &'a [u64])> {
+        self.data
+            .waiting
+            .iter()
+            .map(|(k, w)| (k, w.connections.as_slice()))
+    }
+
     /// Keys and bytes the store holds (what the namespace's bounds count).
     pub fn held(&self) -> Held {
         Held {

@@ -219,6 +219,7 @@ impl Store {
     /// Connection `connection` closed: if it has a record, it is forgotten
     /// (with the others closed about now).
     pub fn closed(&self, connection: u64) {
+        self.core.store_sessions().closed(connection);
         let Some(ns) = self.live.lock().expect("live").remove(&connection) else {
             return;
         };

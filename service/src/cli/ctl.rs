@@ -80,6 +80,18 @@ pub enum CtlCommand {
         /// One barrier, pending or not
         id: Option<String>,
     },
+    /// What the namespace's PyTorch store waits for: the keys ranks wait
+    /// on (how many, since when, and who: node, address, pid), the
+    /// counters ranks ADD to (a store barrier's, with the number it counts
+    /// to where the store tells), the connections by node, the last write.
+    Torch {
+        /// Keys listed, the most waited-on first (0: 100)
+        #[arg(long, default_value_t = 0)]
+        keys: u32,
+        /// Waiters listed per key (0: 20)
+        #[arg(long, default_value_t = 0)]
+        waiters: u32,
+    },
     /// Cluster membership.
     #[command(subcommand)]
     Member(MemberCommand),
@@ -364,6 +376,14 @@ pub async fn run(
         }
         CtlCommand::Barriers { id } => {
             shown(barriers_json(&mut c, &ns, id).await?, out, show::barriers)
+        }
+        CtlCommand::Torch { keys, waiters } => {
+            let req = proto::coordstore::StoreWaitsRequest {
+                key_limit: keys,
+                waiter_limit: waiters,
+            };
+            let r = c.store_waits(in_ns(&ns, req)?).await?.into_inner();
+            shown(crate::ops::store_waits::to_json(&r), out, show::torch)
         }
         CtlCommand::Member(m) => Printed::Json(member_command(&mut c, m).await?),
         CtlCommand::Snapshot(s) => Printed::Json(snapshot_command(&mut c, s).await?),

@@ -88,6 +88,11 @@ pub enum UpdateKind {
     Client,
     /// A cluster verb (a job epoch reset): admins only.
     ClusterVerb(&'static str),
+    /// Bookkeeping a node proposes for the clients it holds (a PyTorch
+    /// store connection's closing, its being alive): from another node
+    /// only, through `NodePeer` (see [`Access::Peer`]); anywhere else as
+    /// [`UpdateKind::LeaderRuntime`].
+    Node,
     /// A command only the leader runtime proposes (timers, liveness):
     /// never from outside, whatever headers the request carries.
     LeaderRuntime,
@@ -101,6 +106,7 @@ impl UpdateKind {
         match command {
             Command::ResetJobEpoch(_) => UpdateKind::ClusterVerb("reset-job"),
             c if journal::client_proposable(c) => UpdateKind::Client,
+            c if journal::node_proposable(c) => UpdateKind::Node,
             _ => UpdateKind::LeaderRuntime,
         }
     }

@@ -1,8 +1,9 @@
 //! The core of the front door, shared by every area and dialect and knowing
 //! none of them: the call context ([`call`]), where a call runs
 //! ([`router`]: here on the leader, forwarded from a follower, leader
-//! changes waited out), this node in its leader role ([`leader`]), and the
-//! parked-call engine ([`park`]). [`Core`] bundles them for the areas.
+//! changes waited out), this node in its leader role ([`leader`]), the
+//! parked-call engine ([`park`]) and what the node alone knows of the store
+//! sessions it holds ([`sessions`]). [`Core`] bundles them for the areas.
 
 pub mod call;
 pub mod connections;
@@ -11,6 +12,7 @@ pub mod levels;
 pub mod namespaces;
 pub mod park;
 pub mod router;
+pub mod sessions;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +34,7 @@ pub struct Core {
     admins: Admins,
     /// Peers have a port of their own (see [`Core::with_peer_port`]).
     peer_port: bool,
+    sessions: sessions::StoreSessions,
 }
 
 impl Core {
@@ -44,6 +47,7 @@ impl Core {
             ready_wait,
             admins: Admins::default(),
             peer_port: false,
+            sessions: Default::default(),
         }
     }
 
@@ -73,6 +77,11 @@ impl Core {
     /// The parked-call engine.
     pub fn parking(&self) -> &Parking {
         &self.parking
+    }
+
+    /// What this node knows of the store sessions it holds.
+    pub fn store_sessions(&self) -> &sessions::StoreSessions {
+        &self.sessions
     }
 
     /// The node.
@@ -150,6 +159,10 @@ impl Core {
                 UpdateKind::ClusterVerb(verb) => Ok(call.admit_cluster_verb(verb, &self.admins)?),
                 UpdateKind::LeaderRuntime => Err(Status::permission_denied(
                     "this command is proposed by the leader runtime only",
+                )
+                .into()),
+                UpdateKind::Node => Err(Status::permission_denied(
+                    "this command is proposed by the node that holds the connection (NodePeer) only",
                 )
                 .into()),
             },

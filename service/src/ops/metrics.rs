@@ -78,6 +78,7 @@ pub struct Metrics {
     ns_max_bytes: IntGaugeVec,
     ns_max_parked: IntGaugeVec,
     ns_oldest_barrier: GaugeVec,
+    ns_oldest_store_wait: GaugeVec,
     ready: IntGauge,
     /// The node's bound on parked calls, once told (`--max-parked-calls`).
     max_parked_calls: Option<IntGauge>,
@@ -269,6 +270,17 @@ impl Metrics {
                 )
                 .expect("valid gauge"),
             ),
+            ns_oldest_store_wait: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "namespace_oldest_store_wait_seconds",
+                        "How long the oldest PyTorch store wait (WAIT, a blocking get, BARRIER) of a connection on this node has stood, by namespace (a wait sent again on the same keys after its client's timeout counts from the first; the largest namespaces, the rest as other)",
+                    ),
+                    &["namespace"],
+                )
+                .expect("valid gauge"),
+            ),
             ready: gauge(
                 "ready",
                 "1 while this node is ready (what /readyz answers), 0 otherwise",
@@ -376,6 +388,7 @@ impl Metrics {
         }
         self.ns_tasks.reset();
         self.ns_oldest_barrier.reset();
+        self.ns_oldest_store_wait.reset();
         for r in rows {
             let l = [r.name.as_str()];
             self.ns_keys.with_label_values(&l).set(r.keys as i64);
@@ -392,6 +405,9 @@ impl Metrics {
             }
             if let Some(secs) = r.oldest_barrier {
                 self.ns_oldest_barrier.with_label_values(&l).set(secs);
+            }
+            if let Some(secs) = r.oldest_store_wait {
+                self.ns_oldest_store_wait.with_label_values(&l).set(secs);
             }
             for (i, state) in ["disconnected", "connected", "error"].iter().enumerate() {
                 self.ns_tasks

@@ -1,11 +1,13 @@
 //! Operations: what an operator scrapes ([`metrics`]), probes ([`http`]),
-//! reads in the logs ([`logs`]), asks when a job is stuck ([`diagnose`])
-//! and looks at ([`ui`], the status page).
+//! reads in the logs ([`logs`]), asks when a job is stuck ([`diagnose`];
+//! a PyTorch job's store: [`store_waits`]) and looks at ([`ui`], the
+//! status page).
 
 pub mod diagnose;
 pub mod http;
 pub mod logs;
 pub mod metrics;
+pub mod store_waits;
 pub mod ui;
 
 use std::time::Duration;

@@ -187,8 +187,9 @@ async fn split(conn: Conn, grpc: mpsc::Sender<std::io::Result<Conn>>, mut port: 
         }
         Err(_) => return,
     }
+    let remote = conn.stream.peer_addr().ok();
     tokio::select! {
-        () = super::torch::accept(conn, port.torch) => {}
+        () = super::torch::accept(conn, remote, port.torch) => {}
         _ = port.closed.changed() => {}
     }
 }

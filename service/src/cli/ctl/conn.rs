@@ -87,3 +87,22 @@ calls! {
     NodeDataClient::kv_get(KvGetRequest) -> KvGetResponse;
     NodeDataClient::kv_list(KvListRequest) -> KvListResponse;
 }
+
+impl NodeConn {
+    /// `NodeOps.StoreWaits` (no build before it has it in `Node`).
+    pub async fn store_waits(
+        &mut self,
+        req: impl tonic::IntoRequest<StoreWaitsRequest>,
+    ) -> anyhow::Result<tonic::Response<StoreWaitsResponse>> {
+        let asked = NodeOpsClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX)
+            .store_waits(req)
+            .await;
+        match asked {
+            Err(s) if s.code() == tonic::Code::Unimplemented => Err(anyhow::anyhow!(
+                "this node's build has no StoreWaits (it is older than ctl torch)"
+            )),
+            answer => Ok(answer?),
+        }
+    }
+}

@@ -261,6 +261,107 @@ pub fn barriers(v: &Value) -> String {
     barrier_tables(v, "")
 }
 
+/// `ctl torch -o table`: a line on the store, the keys waited on, each
+/// key's waiters, the counters, the connections by node.
+pub fn torch(v: &Value) -> String {
+    let waiting = num(v, "waiting_connections");
+    let keys = num(v, "keys_waited_on");
+    let s = |n: u64| if n == 1 { "" } else { "s" };
+    let head = fields(&[
+        (
+            "store",
+            format!(
+                "{} keys, {} (read on node {} at index {})",
+                num(v, "stored_keys"),
+                bytes(num(v, "stored_bytes")),
+                num(v, "node_id"),
+                num(v, "read_index")
+            ),
+        ),
+        (
+            "waiting",
+            format!(
+                "{waiting} connection{} on {keys} key{}",
+                s(waiting),
+                s(keys)
+            ),
+        ),
+        ("last write", format!("{} ago", ms(v, "last_write_age_ms"))),
+    ]);
+    let mut out = format!("{head}\n");
+    out.push_str(&torch_keys(v));
+    if !items(&v["counters"]).is_empty() {
+        out.push('\n');
+        out.push_str(&torch_counters(v));
+    }
+    let mut t = Table::new(&["NODE", "CONNECTIONS", "WAITING", "ERROR"]).right(&[0, 1, 2]);
+    for n in items(&v["nodes"]) {
+        t.row(vec![
+            num(n, "node_id").to_string(),
+            val(&n["connections"]),
+            val(&n["waiting"]),
+            val(&n["error"]),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.render());
+    out
+}
+
+/// The keys waited on, then each one's waiters under a line naming it.
+fn torch_keys(v: &Value) -> String {
+    if items(&v["keys"]).is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&["KEY", "WAITING", "OLDEST WAIT"]).right(&[1]);
+    for k in items(&v["keys"]) {
+        t.row(vec![
+            val(&k["key"]),
+            num(k, "waiting").to_string(),
+            ms(k, "oldest_wait_ms"),
+        ]);
+    }
+    let mut out = t.render();
+    for k in items(&v["keys"]) {
+        out.push_str(&format!("\n{} is waited on by:\n", val(&k["key"])));
+        let mut t = Table::new(&["NODE", "ADDRESS", "PID", "WAITED", "CONNECTION"]);
+        for w in items(&k["waiters"]) {
+            t.row(vec![
+                val(&w["node_id"]),
+                val(&w["address"]),
+                val(&w["pid"]),
+                ms(w, "waited_ms"),
+                val(&w["connection"]),
+            ]);
+        }
+        out.push_str(&t.render_indented("  "));
+        let more = num(k, "waiting").saturating_sub(items(&k["waiters"]).len() as u64);
+        if more > 0 {
+            out.push_str(&format!("  ... and {more} more\n"));
+        }
+    }
+    out
+}
+
+/// The counters ranks ADD to, with what each counts to where known.
+fn torch_counters(v: &Value) -> String {
+    let mut t = Table::new(&["COUNTER", "VALUE", "OF", "ADDS", "LAST ADD"]).right(&[1, 2, 3]);
+    for c in items(&v["counters"]) {
+        let of = match (&c["of"], &c["of_from"]) {
+            (Value::Null, _) => "-".to_string(),
+            (n, from) => format!("{} ({})", val(n), val(from)),
+        };
+        t.row(vec![
+            val(&c["key"]),
+            val(&c["value"]),
+            of,
+            num(c, "adds").to_string(),
+            format!("{} ago", ms(c, "last_add_ms")),
+        ]);
+    }
+    t.render()
+}
+
 /// `ctl kv ls -o table`: key and value.
 pub fn keys(v: &Value) -> String {
     let mut t = Table::new(&["KEY", "VALUE"]);

@@ -16,6 +16,9 @@ pub(super) struct Row {
     pub(super) max_parked: u64,
     /// The oldest pending barrier's wait in seconds, as the leader knows it.
     pub(super) oldest_barrier: Option<f64>,
+    /// The oldest PyTorch store wait of a connection on this node, in
+    /// seconds.
+    pub(super) oldest_store_wait: Option<f64>,
 }
 
 impl Row {
@@ -30,6 +33,7 @@ impl Row {
             max_bytes: 0,
             max_parked: 0,
             oldest_barrier: None,
+            oldest_store_wait: None,
         }
     }
 
@@ -41,10 +45,12 @@ impl Row {
         for i in 0..3 {
             self.tasks[i] += r.tasks[i];
         }
-        self.oldest_barrier = match (self.oldest_barrier, r.oldest_barrier) {
+        let max = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
+        self.oldest_barrier = max(self.oldest_barrier, r.oldest_barrier);
+        self.oldest_store_wait = max(self.oldest_store_wait, r.oldest_store_wait);
     }
 }
 
@@ -58,11 +64,13 @@ pub(super) fn ns_gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeV
 }
 
 /// Every namespace of `s` as its series would show it, with the oldest
-/// barrier waits this node knows (as the leader).
+/// barrier waits this node knows (as the leader) and the oldest store waits
+/// of its own connections.
 pub(super) fn namespace_rows(core: &Core, s: &journal::State) -> Vec<Row> {
     let oldest = liveness_of(core.node())
         .map(|l| l.oldest_barriers(Instant::now()))
         .unwrap_or_default();
+    let store_waits = core.store_sessions().oldest_waits();
     s.namespaces()
         .map(|n| {
             let u = n.usage();
@@ -77,6 +85,7 @@ pub(super) fn namespace_rows(core: &Core, s: &journal::State) -> Vec<Row> {
                 max_bytes: spec.map_or(0, |p| p.max_bytes),
                 max_parked: spec.map_or(0, |p| p.max_parked_calls),
                 oldest_barrier: oldest.get(n.key()).map(|(_, w)| w.ms as f64 / 1000.0),
+                oldest_store_wait: store_waits.get(n.name()).map(|d| d.as_secs_f64()),
             }
         })
         .collect()

@@ -301,6 +301,7 @@ function buildNamespace(app) {
         h("div", { id: "readout" }, h("span", { class: "muted" }, "hover or click a cell to see its task")),
         h("div", { id: "jobs", class: "muted" })),
       h("section", { id: "barriers" }),
+      h("section", { id: "torch" }),
       h("section", { id: "errors" }),
       h("div", { class: "cols" }, h("section", { id: "tfdata" }), h("section", { id: "queues" }))),
     h("div", { id: "nsmissing" }));
@@ -505,6 +506,8 @@ function renderNamespace(d) {
     d.ages_from_leader === false ? h("p", { class: "note" }, "The leader did not answer: waits and heartbeat ages (which only the leader knows) are left out.") : null,
     bars.length ? bars.map(barrierBox) : none("no barrier is pending"));
 
+  renderTorch(obj(d.torch));
+
   // errors
   const errs = arr(d.errors);
   fill($("errors"), h("h2", null, "Tasks in error", h("span", { class: "sub" }, errs.length ? (num(t.error) > errs.length ? "showing " + errs.length + " of " + fmtInt(t.error) : String(errs.length)) : "")),
@@ -535,6 +538,48 @@ function renderNamespace(d) {
       q = obj(q);
       return h("tr", null, h("td", { class: "mono brk" }, str(q.name)), h("td", { class: "n" }, fmtInt(q.pending)), h("td", { class: "n" }, fmtInt(q.queued)), h("td", { class: "n" }, fmtInt(q.running)), h("td", { class: "n" }, fmtInt(q.records)));
     })) : none("no closure queues"));
+}
+
+// The PyTorch store: the keys ranks wait on and who waits, the counters
+// ranks ADD to (a store barrier's), the connections by node. Keys,
+// addresses and counts only: the JSON carries no value.
+function renderTorch(t) {
+  const keys = arr(t.keys), cs = arr(t.counters), nodes = arr(t.nodes);
+  const kw = num(t.keys_waited_on), wc = num(t.waiting_connections);
+  fill($("torch"), h("h2", null, "PyTorch store", h("span", { class: "sub" }, t.error ? "" :
+      plural(wc || 0, "connection") + " waiting on " + plural(kw || 0, "key") + " · " + plural(num(t.stored_keys) || 0, "key") + " stored" +
+      (isNum(t.last_write_age_ms) ? " · last write " + fmtDur(t.last_write_age_ms) + " ago" : ""))),
+    t.error ? h("p", { class: "note" }, "The store's waits could not be read: " + str(t.error)) : null,
+    keys.length ? keys.map(torchKeyBox) : t.error ? null : none("no key is waited on"),
+    kw > keys.length ? h("div", { class: "muted" }, "… and " + fmtInt(kw - keys.length) + " more keys") : null,
+    cs.length ? [h("div", { class: "gap" }), table([{ t: "Counter" }, { t: "Value", n: 1 }, { t: "Of", n: 1 }, { t: "Adds", n: 1 }, { t: "Last add", n: 1 }], cs.map((c) => {
+      c = obj(c);
+      const v = num(c.value), of = num(c.of);
+      return h("tr", { class: "counter" }, h("td", { class: "mono brk" }, str(c.key)),
+        h("td", { class: "n" + (v != null && of && v < of ? " c-E" : "") }, fmtInt(v)),
+        h("td", { class: "n", title: of ? "from " + str(c.of_from) : "" }, of ? fmtInt(of) : "—"),
+        h("td", { class: "n" }, fmtInt(c.adds)), h("td", { class: "n" }, isNum(c.last_add_ms) ? fmtDur(c.last_add_ms) + " ago" : "—"));
+    }), "fit")] : null,
+    nodes.length ? [h("div", { class: "gap" }), table([{ t: "Node", n: 1 }, { t: "Connections", n: 1 }, { t: "Waiting", n: 1 }, { t: "" }], nodes.map((n) => {
+      n = obj(n);
+      return h("tr", null, h("td", { class: "n" }, fmtInt(n.node_id)), h("td", { class: "n" }, fmtInt(n.connections)), h("td", { class: "n" }, fmtInt(n.waiting)),
+        h("td", { class: "muted brk" }, n.error ? "no answer: " + str(n.error) : ""));
+    }), "fit")] : null);
+}
+function torchKeyBox(k) {
+  k = obj(k);
+  const ws = arr(k.waiters), n = num(k.waiting) || 0, late = isNum(k.oldest_wait_ms) && k.oldest_wait_ms > LATE_BARRIER_MS;
+  return h("div", { class: "barrier tkey" + (late ? " late" : "") },
+    h("div", { class: "hd" }, h("span", { class: "id mono brk" }, str(k.key)),
+      h("span", null, h("strong", null, fmtInt(n)), n === 1 ? " connection waits" : " connections wait"),
+      isNum(k.oldest_wait_ms) ? h("span", { class: late ? "c-E" : null }, "oldest " + fmtDur(k.oldest_wait_ms)) : null,
+      late ? badge("b-warn", "> 60 s") : null),
+    ws.length ? table([{ t: "Node", n: 1 }, { t: "Address" }, { t: "PID", n: 1 }, { t: "Waited", n: 1 }], ws.map((w) => {
+      w = obj(w);
+      return h("tr", { class: "waiter" }, h("td", { class: "n" }, fmtInt(w.node_id)), h("td", { class: "mono" }, str(w.address) || "—"),
+        h("td", { class: "n" }, isNum(w.pid) ? String(w.pid) : "—"), h("td", { class: "n" }, isNum(w.waited_ms) ? fmtDur(w.waited_ms) : "—"));
+    }), "fit") : null,
+    n > ws.length ? h("div", { class: "muted" }, "… and " + fmtInt(n - ws.length) + " more") : null);
 }
 
 function barrierBox(b) {

@@ -295,6 +295,12 @@ pub async fn namespace(core: &Core, name: &str) -> CallResult<Value> {
     })?;
     view["barriers"] = Value::Array(barriers.iter().map(barrier).collect());
     view["ages_from_leader"] = json!(from_leader);
+    // The PyTorch store: keys, addresses and counts, never a value.
+    let asked = crate::ops::store_waits::store_waits(core, &c, Default::default());
+    view["torch"] = match asked.await {
+        Ok(r) => crate::ops::store_waits::to_json(&r),
+        Err(e) => json!({"error": e.into_plain_status().message()}),
+    };
     view["now_ms"] = json!(now_ms());
     Ok(view)
 }

@@ -13,7 +13,7 @@ impl NodeApi {
         let at = |r: ProposeRequest| {
             let mut u = journal::decode_known::<Update>(&r.update)
                 .map_err(|e| Status::invalid_argument(format!("the journal update: {e}")))?;
-            Ok((propose_door(&mut u)?, u))
+            Ok((propose_door(&mut u, self.peer)?, u))
         };
         let core = self.core();
         self.call(req, at, |c, mut u| async move {
@@ -86,13 +86,18 @@ impl NodeApi {
 /// Where an update proposed through the Node API (ctl, tools, other nodes
 /// forwarding their clients' calls) is admitted: as its command's kind
 /// says (`Access::Update`: a client command in its namespace, a job epoch
-/// reset as a cluster verb, a leader runtime's command never). The time is
-/// the leader's to stamp. A command-less update is INVALID_ARGUMENT.
-fn propose_door(u: &mut Update) -> Result<Door, Status> {
+/// reset as a cluster verb, a leader runtime's command never; a node's
+/// bookkeeping for the clients it holds only through `NodePeer`, `peer`, as
+/// a node-to-node call into its namespace). The time is the leader's to
+/// stamp. A command-less update is INVALID_ARGUMENT.
+fn propose_door(u: &mut Update, peer: bool) -> Result<Door, Status> {
     let Some(command) = &u.command else {
         return Err(Status::invalid_argument("the update has no command"));
     };
-    let access = Access::Update(UpdateKind::of(command));
+    let access = match UpdateKind::of(command) {
+        UpdateKind::Node if peer => Access::Peer(&Access::Namespace),
+        kind => Access::Update(kind),
+    };
     u.at_ms = 0;
     let ns = journal::namespace::namespace_name(&u.namespace);
     Ok(Door::into_namespace(ns, access))

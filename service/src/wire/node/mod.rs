@@ -67,6 +67,9 @@ pub use ops::status;
 pub struct NodeApi {
     area: Coordination,
     namespaces: Arc<Namespaces>,
+    /// Serves `NodePeer`: a proposal may carry a node's bookkeeping
+    /// ([`UpdateKind::Node`]).
+    peer: bool,
 }
 
 /// Writes `$name`, one audience's part of a node's [`NodeApi`] (see the
@@ -115,9 +118,13 @@ impl NodeApi {
         namespaces: Arc<Namespaces>,
         max_message_bytes: usize,
     ) -> NodeServer<NodeApi> {
-        NodeServer::new(NodeApi { area, namespaces })
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes)
+        NodeServer::new(NodeApi {
+            area,
+            namespaces,
+            peer: false,
+        })
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
     }
 
     /// The peer calls' tonic service (see `NodePeer`): the same API.
@@ -126,9 +133,13 @@ impl NodeApi {
         namespaces: Arc<Namespaces>,
         max_message_bytes: usize,
     ) -> NodePeerServer<PeerApi> {
-        NodePeerServer::new(PeerApi(NodeApi { area, namespaces }))
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes)
+        NodePeerServer::new(PeerApi(NodeApi {
+            area,
+            namespaces,
+            peer: true,
+        }))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
     }
 
     /// The administration, operations and data services (see the module):
@@ -141,6 +152,7 @@ impl NodeApi {
         let api = || NodeApi {
             area: area.clone(),
             namespaces: namespaces.clone(),
+            peer: false,
         };
         Audiences {
             admin: NodeAdminServer::new(AdminApi(api()))
@@ -250,6 +262,7 @@ delegate! { NodePeer, PeerApi =>
     propose(ProposeRequest) -> ProposeResponse;
     read_index(ReadIndexRequest) -> ReadIndexResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+    store_facts(StoreFactsRequest) -> StoreFactsResponse;
 }
 
 delegate! { NodeAdmin, AdminApi =>
@@ -271,6 +284,7 @@ delegate! { NodeOps, OpsApi =>
     tasks(TasksRequest) -> TasksResponse;
     barriers(BarriersRequest) -> BarriersResponse;
     barrier_waits(BarrierWaitsRequest) -> BarrierWaitsResponse;
+    store_waits(StoreWaitsRequest) -> StoreWaitsResponse;
 }
 
 delegate! { NodeData, DataApi =>

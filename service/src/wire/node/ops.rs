@@ -2,7 +2,8 @@
 //! readiness, a namespace's description and the list of those that admit
 //! the caller, and why a job is stuck (tasks, barriers, barrier waits: read
 //! on the leader, which alone knows heartbeat times; see
-//! [`crate::ops::diagnose`]).
+//! [`crate::ops::diagnose`]; what a PyTorch store waits for, from the state
+//! and every member: [`crate::ops::store_waits`]).
 
 use super::*;
 
@@ -70,6 +71,17 @@ impl NodeApi {
         self.call(req, door(Access::Open), |c, _| async move {
             let namespaces = diagnose::barrier_waits(core, &c).await?;
             Ok(BarrierWaitsResponse { namespaces })
+        })
+        .await
+    }
+
+    pub(super) async fn store_waits(
+        &self,
+        req: Request<StoreWaitsRequest>,
+    ) -> Reply<StoreWaitsResponse> {
+        let core = self.core();
+        self.call(req, door(Access::Namespace), |c, r| async move {
+            crate::ops::store_waits::store_waits(core, &c, r).await
         })
         .await
     }

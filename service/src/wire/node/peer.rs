@@ -1,5 +1,6 @@
 //! What nodes ask each other (besides Raft): a follower's read index and
-//! the heartbeats it forwards to its leader. Served as `NodePeer` on the
+//! the heartbeats it forwards to its leader, and a node's own facts of a
+//! namespace's PyTorch store (for the operators' view on another node). Served as `NodePeer` on the
 //! peer port (and as `Node`'s methods of the same names, for builds before
 //! `NodePeer`).
 
@@ -36,6 +37,18 @@ impl NodeApi {
                 Ok(HeartbeatResponse { error })
             },
         )
+        .await
+    }
+
+    pub(super) async fn store_facts(
+        &self,
+        req: Request<StoreFactsRequest>,
+    ) -> Reply<StoreFactsResponse> {
+        let core = self.core();
+        let at = door(Access::Peer(&Access::Namespace));
+        self.call(req, at, |c, _| async move {
+            Ok(crate::ops::store_waits::store_facts(core, c.namespace()))
+        })
         .await
     }
 }

@@ -137,6 +137,8 @@ where
                 s.stops_to(view.stops);
                 if view.registered > 0 {
                     watch = Some(s.watch(0));
+                } else {
+                    s.sessions().released(s.id);
                 }
             }
             // The record is gone (the job was reset): nothing will answer
@@ -244,6 +246,11 @@ impl Session {
         }
     }
 
+    /// What this node knows of the store sessions it holds.
+    fn sessions(&self) -> &crate::core::sessions::StoreSessions {
+        self.store.core().store_sessions()
+    }
+
     /// A watch of the connection's waits from log index `index`.
     fn watch(&self, index: u64) -> Watch {
         let store = self.store.clone();
@@ -260,13 +267,16 @@ impl Session {
         self.written = self.written.max(stops);
     }
 
-    /// The connection waited: the state holds a record of it, and its
-    /// waits are watched.
-    fn waiting(&mut self, w: cmd::Waited, index: u64) {
+    /// The connection waited on `keys`: the state holds a record of it,
+    /// and its waits are watched.
+    fn waiting(&mut self, w: cmd::Waited, index: u64, keys: Vec<String>) {
         if w.ready {
             self.out.put_u8(STOP_WAITING);
+            self.sessions().released(self.id);
             return;
         }
+        self.sessions()
+            .waiting(self.id, &self.namespace, self.relayed, keys);
         if !self.recorded {
             self.recorded = true;
             if !self.relayed {
@@ -279,9 +289,24 @@ impl Session {
     }
 
     async fn write(&mut self, command: impl Into<cmd::command::Command>) -> CallResult<Written> {
+        use cmd::command::Command as C;
         self.seq += 1;
         let call = self.call.request(self.seq);
-        self.store.write(&call, command).await
+        let command: C = command.into();
+        // What the operators' view counts: a client's write, and the keys
+        // ranks ADD to (a store barrier's counter).
+        let counter = match &command {
+            C::Add(a) => Some(Some((a.key.clone(), None))),
+            C::Barrier(b) => Some(Some((b.key.clone(), Some(b.world_size)))),
+            C::Wait(_) | C::CancelWait(_) | C::Forget(_) | C::Touch(_) => None,
+            _ => Some(None),
+        };
+        let written = self.store.write(&call, command).await?;
+        if let Some(counter) = counter {
+            let counter = counter.as_ref().map(|(k, w)| (k.as_str(), *w));
+            self.sessions().wrote(&self.namespace, counter);
+        }
+        Ok(written)
     }
 
     async fn read<T>(&mut self, f: impl FnOnce(journal::torch::Reader<'_>) -> T) -> CallResult<T> {
@@ -294,7 +319,12 @@ impl Session {
         match op {
             // A second VALIDATE: torch's server closes.
             Op::Validate(_) => return Err(Ended::Bad("VALIDATE after the handshake".into())),
-            Op::Ping(n) => self.out.put_u32_le(n),
+            Op::Ping(n) => {
+                // A client's first PING, in its handshake, sends its pid.
+                self.sessions()
+                    .pinged(self.id, &self.namespace, self.relayed, n);
+                self.out.put_u32_le(n);
+            }
             Op::Wait { keys } => self.wait(keys).await?,
             Op::CancelWait => self.cancel().await?,
             Op::MultiSet { pairs } => self.multi_set(pairs).await?,
@@ -303,11 +333,11 @@ impl Session {
                 let w = self
                     .write(cmd::Barrier {
                         connection,
-                        key,
+                        key: key.clone(),
                         world_size,
                     })
                     .await?;
-                self.waited(w, "BARRIER")?;
+                self.waited(w, "BARRIER", vec![key])?;
             }
             Op::Get { .. }
             | Op::Check { .. }
@@ -427,15 +457,20 @@ impl Session {
             return Ok(());
         }
         let connection = self.id;
-        let w = self.write(cmd::Wait { connection, keys }).await?;
-        self.waited(w, "WAIT")
+        let w = self
+            .write(cmd::Wait {
+                connection,
+                keys: keys.clone(),
+            })
+            .await?;
+        self.waited(w, "WAIT", keys)
     }
 
-    fn waited(&mut self, w: Written, op: &str) -> Result<(), Ended> {
+    fn waited(&mut self, w: Written, op: &str, keys: Vec<String>) -> Result<(), Ended> {
         let Some(Reply::Waited(waited)) = w.reply else {
             return Err(missing(op));
         };
-        self.waiting(waited, w.index);
+        self.waiting(waited, w.index, keys);
         Ok(())
     }
 
@@ -450,6 +485,7 @@ impl Session {
             self.stops_to(waited.stops);
             self.watch_at = None;
             self.cancelled = true;
+            self.sessions().cancelled(self.id);
         }
         self.out.put_u8(WAIT_CANCELED);
         Ok(())

@@ -143,10 +143,15 @@ async fn stops(store: &Store, c: &Call, r: TorchStopsRequest) -> CallResult<Torc
             gone: true,
             ..Default::default()
         },
-        Some(v) => TorchStopsReply {
-            stops: v.stops,
-            waiting: v.registered > 0,
-            gone: false,
-        },
+        Some(v) => {
+            if v.registered == 0 {
+                store.core().store_sessions().released(id);
+            }
+            TorchStopsReply {
+                stops: v.stops,
+                waiting: v.registered > 0,
+                gone: false,
+            }
+        }
     })
 }

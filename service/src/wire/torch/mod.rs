@@ -46,9 +46,9 @@ impl TorchPort {
     }
 }
 
-/// Admits `stream`, a TCPStore connection on `torch`'s port, and serves it
-/// until it ends.
-pub async fn accept<S>(stream: S, torch: TorchPort)
+/// Admits `stream`, a TCPStore connection on `torch`'s port from
+/// `remote`, and serves it until it ends.
+pub async fn accept<S>(stream: S, remote: Option<std::net::SocketAddr>, torch: TorchPort)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -68,7 +68,20 @@ where
         );
         return;
     }
+    let id = call.origin().map_or(0, |o| o.client_id);
+    core.store_sessions().opened(id, &torch.namespace, remote);
+    // Forgotten however the connection ends (its port closing drops it).
+    let _known = Known(core.clone(), id);
     serve(stream, torch.store, call).await;
+}
+
+/// A connection this node's store sessions know, forgotten when dropped.
+struct Known(Arc<crate::core::Core>, u64);
+
+impl Drop for Known {
+    fn drop(&mut self) {
+        self.0.store_sessions().closed(self.1);
+    }
 }
 
 /// Serves one TCPStore connection, admitted as `call`, until it ends.
