@@ -496,6 +496,7 @@ async fn through_ctl_only_the_admin_exports_resets_or_deletes_another_jobs_names
         (Some("b"), vec!["kv", "put", "secret", "overwritten"]),
         (Some("b"), vec!["tasks"]),
         (Some("b"), vec!["barriers"]),
+        (Some("b"), vec!["torch"]),
         (Some("b"), vec!["tfdata", "jobs"]),
         (Some("b"), vec!["reset-job"]),
         (None, vec!["reset-job"]),
@@ -525,6 +526,7 @@ async fn through_ctl_only_the_admin_exports_resets_or_deletes_another_jobs_names
     for verb in [
         vec!["tasks"],
         vec!["barriers"],
+        vec!["torch"],
         vec!["kv", "ls"],
         vec!["tfdata", "workers"],
     ] {
@@ -539,6 +541,7 @@ async fn through_ctl_only_the_admin_exports_resets_or_deletes_another_jobs_names
         (Some("b"), vec!["kv", "get", "secret"]),
         (Some("b"), vec!["tasks"]),
         (Some("b"), vec!["barriers"]),
+        (Some("b"), vec!["torch"]),
         (Some("b"), vec!["tfdata", "jobs"]),
         (None, vec!["ns", "export", "b", &f]),
         (None, vec!["ns", "import", &f, "--as", "b2"]),

@@ -195,6 +195,25 @@ async fn a_stuck_torch_job_shows_the_key_its_ranks_wait_on_and_a_barrier_one_sho
         assert!(out.contains(&pid.to_string()), "pid {pid} in {out}");
     }
 
+    // `ns get` says it too, where it said only "parked calls 3".
+    let (ok, out, err) = coordstore_cli(&[
+        "ctl",
+        "--endpoint",
+        &follower,
+        "-o",
+        "table",
+        "ns",
+        "get",
+        "default",
+    ])
+    .await;
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("PyTorch store: 3 connections wait on 1 key"),
+        "{out}"
+    );
+    assert!(out.contains(key), "{out}");
+
     // And on the follower's page.
     let url = format!("http://{}/ui/ns/default", http[f]);
     let dom = page_showing(&url, "3 connections wait").await;

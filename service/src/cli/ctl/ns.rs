@@ -176,7 +176,8 @@ pub(super) async fn ns_list(c: &mut NodeConn) -> anyhow::Result<Value> {
 
 /// `ctl ns get NAME`: the namespace, with its pending barriers and the
 /// tasks they wait for (`pending_barriers`; `pending_barriers_error` if
-/// the node could not say).
+/// the node could not say), and the PyTorch store keys most waited on
+/// (`torch_waits`, the first 5; `torch_waits_error`).
 pub(super) async fn ns_get(c: &mut NodeConn, name: String) -> anyhow::Result<Value> {
     use proto::coordstore::NamespaceRequest;
     let info = c
@@ -185,7 +186,7 @@ pub(super) async fn ns_get(c: &mut NodeConn, name: String) -> anyhow::Result<Val
         .into_inner();
     let mut v = namespace_json(&info);
     let asked = c
-        .barriers(in_ns(&Some(name), BarriersRequest::default())?)
+        .barriers(in_ns(&Some(name.clone()), BarriersRequest::default())?)
         .await;
     match asked {
         Ok(b) => {
@@ -193,6 +194,26 @@ pub(super) async fn ns_get(c: &mut NodeConn, name: String) -> anyhow::Result<Val
             v["pending_barriers"] = Value::Array(pending);
         }
         Err(e) => v["pending_barriers_error"] = json!(describe_error(&e)),
+    }
+    let req = proto::coordstore::StoreWaitsRequest {
+        key_limit: 5,
+        waiter_limit: 1,
+    };
+    match c.store_waits(in_ns(&Some(name), req)?).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            let keys: Vec<Value> = r
+                .keys
+                .iter()
+                .map(|k| json!({"key": k.key, "waiting": k.waiting, "oldest_wait_ms": k.oldest_wait_ms}))
+                .collect();
+            v["torch_waits"] = json!({
+                "keys_waited_on": r.keys_waited_on,
+                "waiting_connections": r.waiting_connections,
+                "keys": keys,
+            });
+        }
+        Err(e) => v["torch_waits_error"] = json!(format!("{e:#}")),
     }
     Ok(v)
 }

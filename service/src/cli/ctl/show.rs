@@ -166,7 +166,39 @@ pub fn namespace(v: &Value) -> String {
         (Value::Array(_), _) => out.push_str(&barrier_tables(&v["pending_barriers"], "PENDING")),
         (_, e) => out.push_str(&format!("pending barriers: {}\n", val(e))),
     }
+    out.push_str(&torch_waits(v));
     out
+}
+
+/// `ctl ns get -o table`'s lines on the PyTorch store: the keys most
+/// waited on, or that none is.
+fn torch_waits(v: &Value) -> String {
+    let w = &v["torch_waits"];
+    if w.is_null() {
+        return match &v["torch_waits_error"] {
+            Value::Null => String::new(),
+            e => format!("PyTorch store waits: {}\n", val(e)),
+        };
+    }
+    let (conns, keys) = (num(w, "waiting_connections"), num(w, "keys_waited_on"));
+    if conns == 0 {
+        return "no PyTorch store key is waited on\n".into();
+    }
+    let mut t = Table::new(&["KEY", "WAITING", "OLDEST WAIT"]).right(&[1]);
+    for k in items(&w["keys"]) {
+        t.row(vec![
+            val(&k["key"]),
+            num(k, "waiting").to_string(),
+            ms(k, "oldest_wait_ms"),
+        ]);
+    }
+    let s = |n: u64| if n == 1 { "" } else { "s" };
+    format!(
+        "\nPyTorch store: {conns} connection{} wait on {keys} key{} (ctl torch names who):\n{}",
+        s(conns),
+        s(keys),
+        t.render()
+    )
 }
 
 /// `ctl tasks -o table`: one line per task.
