@@ -286,6 +286,9 @@ struct TorchArgs {
     /// connect and steady only) [default: the first three]
     #[arg(long, value_delimiter = ',')]
     torch_peers: Vec<String>,
+    /// Only the SET→WAIT+GET hand-off, no rank counts.
+    #[arg(long)]
+    handoff_only: bool,
 }
 
 // The options of `coordstore-bench namespaces`.
@@ -659,7 +662,7 @@ async fn scale_suite(
 /// `torch`.
 async fn torch_suite(out: &Out, a: TorchArgs, machine: &Machine) -> anyhow::Result<()> {
     let load = torch::Load {
-        ranks: a.ranks,
+        ranks: if a.handoff_only { Vec::new() } else { a.ranks },
         ranks_per_agent: a.ranks_per_agent,
         steady: std::time::Duration::from_secs_f64(a.steady_seconds),
         connect_parallel: a.connect_parallel,

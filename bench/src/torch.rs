@@ -118,6 +118,14 @@ pub struct Handoff {
     pub p50_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// Median of its first part, SET until the STOP_WAITING arrived (the
+    /// write's commit reaching the waiter's server and its apply), ms.
+    #[serde(default)]
+    pub wake_p50_ms: f64,
+    /// Median of its second part, the GET after the STOP_WAITING (a
+    /// linearizable read on the waiter's server), ms.
+    #[serde(default)]
+    pub get_p50_ms: f64,
 }
 
 /// The servers of one run.
@@ -209,6 +217,12 @@ impl Servers {
     async fn follower(&self) -> usize {
         let roles = self.roles().await;
         roles.iter().position(|r| r == "follower").unwrap_or(0)
+    }
+
+    /// The leader's index (0 for a server of one).
+    async fn leader(&self) -> usize {
+        let roles = self.roles().await;
+        roles.iter().position(|r| r == "leader").unwrap_or(0)
     }
 }
 
@@ -430,11 +444,11 @@ pub async fn run(peers: &[Peer], load: &Load) -> anyhow::Result<(Vec<Row>, Vec<H
         // The floor answers no SET, WAIT or GET.
         let measured = match peer {
             Peer::Floor => None,
-            _ => Some(handoff(peer).await),
+            _ => Some(handoffs_of(peer).await),
         };
         match measured {
             None => {}
-            Some(Ok(h)) => handoffs.push(h),
+            Some(Ok(h)) => handoffs.extend(h),
             Some(Err(e)) => eprintln!("torch: {} handoff: {e:#}", peer.name()),
         }
         for &n in &load.ranks {
@@ -687,19 +701,29 @@ async fn poll_dump_flag(c: &mut StoreClient, i: usize, n: usize, steady: Duratio
     Ok(())
 }
 
-/// The SET → WAIT+GET hand-off: a setter on one server (the leader), a
-/// getter on a follower, 200 times.
-async fn handoff(peer: Peer) -> anyhow::Result<Handoff> {
+/// The SET → WAIT+GET hand-off: a setter on the leader, a getter on a
+/// follower (on one server: both there), 200 times; on 3 nodes also with
+/// the getter on the leader (`… waiter on the leader`): what the follower
+/// adds.
+async fn handoffs_of(peer: Peer) -> anyhow::Result<Vec<Handoff>> {
     let servers = Servers::start(peer, 2).await?;
-    let f = servers.follower().await;
-    let leader = servers.addrs[(f + 1) % servers.addrs.len()].0;
-    let follower = servers.addrs[f].0;
+    let (l, f) = (servers.leader().await, servers.follower().await);
+    let mut rows = vec![handoff(&servers, peer.name(), l, f).await?];
+    if l != f {
+        let name = format!("{} waiter on the leader", peer.name());
+        rows.push(handoff(&servers, name, l, l).await?);
+    }
+    Ok(rows)
+}
+
+/// 200 hand-offs from a setter on server `s` to a getter on server `g`.
+async fn handoff(servers: &Servers, name: String, s: usize, g: usize) -> anyhow::Result<Handoff> {
     let from = source(0);
-    let mut setter = StoreClient::connect_from(leader, from, 1).await?;
-    let mut getter = StoreClient::connect_from(follower, from, 2).await?;
-    let mut ms = Vec::new();
+    let mut setter = StoreClient::connect_from(servers.addrs[s].0, from, 1).await?;
+    let mut getter = StoreClient::connect_from(servers.addrs[g].0, from, 2).await?;
+    let (mut ms, mut wake, mut get) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..200 {
-        let key = format!("/handoff/{i}");
+        let key = format!("/handoff/{name}/{i}");
         getter
             .send(&Op::Wait {
                 keys: vec![key.clone()],
@@ -708,15 +732,23 @@ async fn handoff(peer: Peer) -> anyhow::Result<Handoff> {
         let t0 = Instant::now();
         setter.set(&key, b"id").await?;
         anyhow::ensure!(getter.u8().await? == STOP_WAITING, "WAIT answered");
+        let woken = t0.elapsed();
         let v = getter.get(&key).await?;
-        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        let took = t0.elapsed();
+        ms.push(took.as_secs_f64() * 1e3);
+        wake.push(woken.as_secs_f64() * 1e3);
+        get.push((took - woken).as_secs_f64() * 1e3);
         anyhow::ensure!(v.as_ref() == b"id", "GET answered {v:?}");
     }
-    ms.sort_by(f64::total_cmp);
+    for v in [&mut ms, &mut wake, &mut get] {
+        v.sort_by(f64::total_cmp);
+    }
     Ok(Handoff {
-        peer: peer.name(),
+        peer: name,
         p50_ms: ms[ms.len() / 2],
         p99_ms: ms[ms.len() * 99 / 100],
+        wake_p50_ms: wake[wake.len() / 2],
+        get_p50_ms: get[get.len() / 2],
     })
 }
 
@@ -792,11 +824,13 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
             r.peer, r.ranks
         ));
     }
-    md.push_str("\n| peer | SET→WAIT+GET p50 ms | p99 ms |\n|---|---:|---:|\n");
+    md.push_str(
+        "\n| peer | SET→WAIT+GET p50 ms | p99 ms | of which SET→STOP_WAITING p50 | GET p50 |\n|---|---:|---:|---:|---:|\n",
+    );
     for h in handoffs {
         md.push_str(&format!(
-            "| {} | {:.3} | {:.3} |\n",
-            h.peer, h.p50_ms, h.p99_ms
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
+            h.peer, h.p50_ms, h.p99_ms, h.wake_p50_ms, h.get_p50_ms
         ));
     }
     md
