@@ -92,6 +92,14 @@ pub fn free_port() -> u16 {
     free_port_on("127.0.0.1")
 }
 
+/// `n` free loopback addresses (`127.0.0.1:PORT`), e.g. one
+/// `--metrics-listen` per node.
+pub fn free_addrs(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect()
+}
+
 /// A free TCP port on loopback address `host` (bound, then released).
 pub fn free_port_on(host: &str) -> u16 {
     std::net::TcpListener::bind((host, 0))

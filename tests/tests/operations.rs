@@ -7,7 +7,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use coordstore_tests::wait::{eventually, eventually_blocking, holds, wait};
-use coordstore_tests::{free_port, http_get, metric_sample as sample, Cluster, Writer};
+use coordstore_tests::{http_get, metric_sample as sample, Cluster, Writer};
 
 fn wait_http(addr: &str, path: &str, want: u16, wait: Duration) -> String {
     eventually_blocking(
@@ -35,16 +35,10 @@ fn promtool() -> String {
         .to_string()
 }
 
-fn metrics_ports(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_pass_promtool_and_count_what_was_done() {
     let promtool = promtool();
-    let http = metrics_ports(3);
+    let http = coordstore_tests::free_addrs(3);
     let h = http.clone();
     let cluster = Cluster::start_each(3, &[], move |i| {
         vec!["--metrics-listen".into(), h[i].clone()]
@@ -212,7 +206,7 @@ async fn readiness_follows_the_quorum_and_liveness_the_process() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
-    let http = metrics_ports(3);
+    let http = coordstore_tests::free_addrs(3);
     let h = http.clone();
     let mut cluster = Cluster::start_each(3, &[], move |i| {
         vec!["--metrics-listen".into(), h[i].clone()]
@@ -314,7 +308,7 @@ async fn json_log_lines_carry_node_term_and_role_and_slow_requests() {
 async fn namespace_series_are_bounded_and_the_rest_is_other() {
     use coordstore_tests::ns;
     let promtool = promtool();
-    let http = metrics_ports(1);
+    let http = coordstore_tests::free_addrs(1);
     let cluster = Cluster::start(
         1,
         &[
@@ -469,7 +463,7 @@ async fn ctl_err(endpoint: &str, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_says_why_a_barrier_waits() {
     use coordstore_tests::{job::XlaJob, ns};
-    let http = metrics_ports(3);
+    let http = coordstore_tests::free_addrs(3);
     let h = http.clone();
     let cluster = Cluster::start_each(3, &[], move |i| {
         vec!["--metrics-listen".into(), h[i].clone()]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use coordstore_tests::browser::{self, section, text};
 use coordstore_tests::jax::{torch_python, PyProc};
 use coordstore_tests::wait::{eventually, holds};
-use coordstore_tests::{coordstore_cli, free_port, workspace, Cluster};
+use coordstore_tests::{coordstore_cli, workspace, Cluster};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -108,15 +108,9 @@ async fn page_showing(url: &str, want: &str) -> String {
     .await
 }
 
-fn metrics_ports(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stuck_torch_job_shows_the_key_its_ranks_wait_on_and_a_barrier_one_short() {
-    let http = metrics_ports(3);
+    let http = coordstore_tests::free_addrs(3);
     let h = http.clone();
     let cluster = Cluster::start_each(3, &[], move |i| {
         vec!["--metrics-listen".into(), h[i].clone()]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use coordstore_tests::browser::{self, section, text};
 use coordstore_tests::job::XlaJob;
 use coordstore_tests::wait::{eventually, holds};
-use coordstore_tests::{connect, free_port, http_get, ns, workspace, Cluster};
+use coordstore_tests::{connect, http_get, ns, workspace, Cluster};
 use proto::coordstore::{BarriersRequest, NamespaceSettings};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -23,12 +23,6 @@ const BARRIER: &str = "step_1000";
 /// Markup that would run or show as markup if a page put it in as HTML.
 const IMG: &str = "<img src=x onerror=\"document.title='pwned'\">";
 const BOLD: &str = "</script><b id=\"injected\">bold</b>";
-
-fn metrics_ports(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect()
-}
 
 fn screenshot_path(name: &str) -> std::path::PathBuf {
     workspace().join("target/ui-screenshots").join(name)
@@ -76,7 +70,7 @@ async fn dom_showing(url: &str, what: &str, shown: impl Fn(&str) -> bool + Send 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_page_shows_why_a_job_of_1024_tasks_is_stuck() {
-    let http = metrics_ports(3);
+    let http = coordstore_tests::free_addrs(3);
     let h = http.clone();
     let cluster = Cluster::start_each(3, &[], move |i| {
         vec!["--metrics-listen".into(), h[i].clone()]
@@ -190,7 +184,7 @@ async fn the_page_shows_why_a_job_of_1024_tasks_is_stuck() {
 /// namespace of 65,536 tasks draws.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn markup_from_users_shows_as_text() {
-    let http = metrics_ports(1);
+    let http = coordstore_tests::free_addrs(1);
     let cluster = Cluster::start(1, &["--metrics-listen", &http[0]]);
     cluster.wait_leader(&[0], WAIT).await;
     let addr = cluster.nodes[0].addr.clone();
@@ -397,7 +391,7 @@ async fn measure(
 #[ignore]
 async fn what_the_page_costs_on_16384_tasks() {
     const N: i32 = 16_384;
-    let http = metrics_ports(1);
+    let http = coordstore_tests::free_addrs(1);
     let cluster = Cluster::start(1, &["--metrics-listen", &http[0]]);
     cluster.wait_leader(&[0], WAIT).await;
     let addr = cluster.nodes[0].addr.clone();
