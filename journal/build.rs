@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/dispatcher.proto",
         "proto/closures.proto",
         "proto/torch.proto",
+        "proto/rendezvous.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

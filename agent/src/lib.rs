@@ -16,6 +16,8 @@
 //!   join, done, fetch, attach after a coordinator's death) and a `Worker`
 //!   loop, TensorFlow `ClusterCoordinator` semantics (`docs/protocols.md`,
 //!   ClusterCoordinator closure queue semantics).
+//! * [`rendezvous`] — torchrun's rendezvous decided by the cluster (torch's
+//!   `next_rendezvous`: an agent's join is one small write).
 //! * [`relay`] — the local proxy that keeps stock clients' connections alive.
 //! * [`torch`] — PyTorch's TCPStore protocol: the handshake, a client, and
 //!   the relay's side of a torch client's connection.
@@ -44,6 +46,7 @@ pub mod closures;
 pub mod endpoints;
 pub mod preemption;
 pub mod relay;
+pub mod rendezvous;
 pub mod torch;
 
 pub use agent::{

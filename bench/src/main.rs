@@ -289,6 +289,11 @@ struct TorchArgs {
     /// Only the SET→WAIT+GET hand-off, no rank counts.
     #[arg(long)]
     handoff_only: bool,
+    /// Only the rendezvous of N / ranks-per-agent agents (one connection
+    /// each): torch's c10d compare-and-set on every peer, and on
+    /// coordstore the native rendezvous too.
+    #[arg(long)]
+    rendezvous_only: bool,
 }
 
 // The options of `coordstore-bench namespaces`.
@@ -667,6 +672,7 @@ async fn torch_suite(out: &Out, a: TorchArgs, machine: &Machine) -> anyhow::Resu
         steady: std::time::Duration::from_secs_f64(a.steady_seconds),
         connect_parallel: a.connect_parallel,
         phase_timeout: std::time::Duration::from_secs(a.phase_timeout_s),
+        rendezvous_only: a.rendezvous_only,
     };
     let names = if a.torch_peers.is_empty() {
         vec!["coordstore-1".into(), "coordstore-3".into(), "torch".into()]

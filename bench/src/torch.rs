@@ -9,6 +9,11 @@
 //! * `rendezvous`: M = N / `ranks_per_agent` agents join by
 //!   compare-and-set on one key, each retrying with the value the last
 //!   attempt answered until its own lands (torch's c10d rendezvous backend);
+//!   the value grows by [`STATE_BYTES_PER_AGENT`] per agent joined, as
+//!   torch's pickled state does;
+//! * `native-rendezvous` (coordstore only): the same M agents through the
+//!   cluster's rendezvous service (`agent::rendezvous`, the loop of the
+//!   native torchrun handler), `min_nodes = max_nodes = M`;
 //! * `nccl-id`: ranks 1..N WAIT for the id, rank 0 SETs it (128 bytes), every
 //!   rank GETs it once released;
 //! * `barrier`: every rank BARRIERs on one key;
@@ -54,6 +59,9 @@ pub struct Load {
     pub connect_parallel: usize,
     /// A phase taking longer than this fails.
     pub phase_timeout: Duration,
+    /// Only the rendezvous: one connection per agent, then torch's c10d
+    /// compare-and-set and, on coordstore, the native rendezvous.
+    pub rendezvous_only: bool,
 }
 
 /// The peers.
@@ -480,8 +488,9 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
     };
     let pids = servers.pids();
     let mut clients = Vec::new();
+    let connects = if load.rendezvous_only { agents } else { n };
     let phase = timed(&servers, &pids, "connect", async {
-        let (secs, errors, first) = connect_all(&servers, n, load, &mut clients).await;
+        let (secs, errors, first) = connect_all(&servers, connects, load, &mut clients).await;
         (secs, errors, first)
     })
     .await;
@@ -491,14 +500,22 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
         row.outcome = "connect failed".into();
         return Ok(row);
     }
-    let phases: &[&str] = match peer {
-        Peer::Floor => &["steady"],
+    let phases: &[&str] = match (peer, load.rendezvous_only) {
+        (Peer::Floor, _) => &["steady"],
+        (Peer::Coordstore(_), true) => &["rendezvous", "native-rendezvous"],
+        (_, true) => &["rendezvous"],
         _ => &["init", "rendezvous", "nccl-id", "barrier", "steady"],
     };
+    let nodes: Vec<String> = servers.addrs.iter().map(|(a, _)| a.to_string()).collect();
     for &name in phases {
         let t = load.phase_timeout;
-        let fut = run_phase(name, &mut clients, agents, load, t);
-        let phase = timed(&servers, &pids, name, fut).await;
+        let phase = if name == "native-rendezvous" {
+            let fut = native_rendezvous(&nodes, agents, t);
+            timed(&servers, &pids, name, fut).await
+        } else {
+            let fut = run_phase(name, &mut clients, agents, load, t);
+            timed(&servers, &pids, name, fut).await
+        };
         let failed = phase.errors > 0;
         if failed {
             row.outcome = format!(
@@ -508,7 +525,9 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
             );
         }
         row.phases.push(phase);
-        if failed {
+        // The rendezvous-only runs measure the native rendezvous after a
+        // c10d rendezvous that timed out.
+        if failed && !load.rendezvous_only {
             break;
         }
     }
@@ -627,17 +646,26 @@ async fn run_phase(
     }
 }
 
+/// Bytes torch 2.15's pickled, base64-encoded rendezvous state grows by
+/// per agent (a node descriptor in participants and in last_heartbeats;
+/// upstream checks 1,000 agents stay under 160 KB).
+pub const STATE_BYTES_PER_AGENT: usize = 150;
+
 /// One agent's join: compare-and-set on the rendezvous key, retrying with
-/// what the last attempt answered, until its own value lands.
+/// what the last attempt answered, until its own value lands; the value
+/// is the count and [`STATE_BYTES_PER_AGENT`] per agent counted, as
+/// torch's state.
 async fn join(c: &mut StoreClient, agent: usize) -> RankResult {
     const KEY: &str = "/torch.rendezvous.bench";
     let mut expected = Bytes::new();
     loop {
-        let count = std::str::from_utf8(&expected)
+        let count = std::str::from_utf8(&expected[..expected.len().min(24)])
             .ok()
             .and_then(|s| s.split(':').next()?.parse::<u64>().ok())
             .unwrap_or(0);
-        let desired = format!("{}:agent-{agent}", count + 1);
+        let mut desired = format!("{}:agent-{agent}:", count + 1);
+        let size = STATE_BYTES_PER_AGENT * (count as usize + 1);
+        desired.extend(std::iter::repeat_n('.', size.saturating_sub(desired.len())));
         let got = c
             .compare_set(KEY, &expected, desired.as_bytes())
             .await
@@ -647,6 +675,50 @@ async fn join(c: &mut StoreClient, agent: usize) -> RankResult {
         }
         expected = got;
     }
+}
+
+/// M agents through the cluster's rendezvous service (the native torchrun
+/// handler's loop), spread over `nodes`, until each has its round.
+async fn native_rendezvous(nodes: &[String], m: usize, t: Duration) -> (f64, u64, Option<String>) {
+    use agent::closures::Nodes;
+    use agent::rendezvous::{Agent, Run, Settings};
+    let run = format!("bench-{}", std::process::id());
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..m)
+        .map(|i| {
+            let mut order = nodes.to_vec();
+            order.rotate_left(i % nodes.len());
+            let run = run.clone();
+            tokio::spawn(async move {
+                let r = Run::new(&Nodes::plain(&order, None), &run).map_err(|e| e.to_string())?;
+                let me = Agent {
+                    addr: format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
+                    pid: 1000,
+                    local_id: 0,
+                };
+                let s = Settings::torch(m as u32, m as u32);
+                match tokio::time::timeout(t, r.next_rendezvous(&me, &s, t, false)).await {
+                    Ok(Ok(f)) if f.world_size as usize == m => Ok(()),
+                    Ok(Ok(f)) => Err(format!("formed {f:?}")),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("timed out".to_string()),
+                }
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    (
+        t0.elapsed().as_secs_f64(),
+        errors.len() as u64,
+        errors.into_iter().next(),
+    )
 }
 
 /// Ranks 1..N WAIT for the id, rank 0 SETs it once every WAIT is sent,

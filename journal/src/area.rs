@@ -165,6 +165,8 @@ pub enum Object {
     Queue(String),
     /// A torch store connection's waits (by its id).
     StoreConnection(u64),
+    /// A rendezvous run (by its id).
+    Rendezvous(String),
 }
 
 /// What an apply changed.
@@ -219,6 +221,7 @@ impl crate::Update {
             Command::Dispatcher(a) => a.command.as_ref().map(|c| c.name()),
             Command::Closures(a) => a.command.as_ref().map(|c| c.name()),
             Command::Torch(a) => a.command.as_ref().map(|c| c.name()),
+            Command::Rendezvous(a) => a.command.as_ref().map(|c| c.name()),
             // The variant's name: what its Debug form starts with.
             shared => {
                 let text = format!("{shared:?}");

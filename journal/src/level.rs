@@ -19,6 +19,7 @@
 //! | 2 | per-area commands, replies and state: the builds up to the one before namespaces |
 //! | 3 | namespaces (`Update.namespace`, CreateNamespace, DeleteNamespace, `StateData.namespaces`), and the cluster's level itself (SetFeatureLevel, `StateData.feature_level`) |
 //! | 4 | the PyTorch store (its commands, `StateData.torch`, `NamespaceSpec.torch_plaintext`) |
+//! | 5 | torchrun's rendezvous (its commands, `StateData.rendezvous`) |
 //!
 //! A data dir records the level its contents need as its journal format,
 //! so a build of a lower level refuses to start on it (builds check the
@@ -36,8 +37,10 @@ pub const LEVEL_NAMESPACES: u32 = 3;
 /// The PyTorch store: its commands and state, and a namespace's
 /// `torch_plaintext`.
 pub const LEVEL_TORCH: u32 = 4;
+/// torchrun's rendezvous: its commands and state.
+pub const LEVEL_RENDEZVOUS: u32 = 5;
 /// The highest level this build applies.
-pub const FEATURE_LEVEL: u32 = LEVEL_TORCH;
+pub const FEATURE_LEVEL: u32 = LEVEL_RENDEZVOUS;
 /// The lowest data-dir format this build reads.
 pub const OLDEST_FORMAT: u32 = LEVEL_BASE;
 
@@ -48,6 +51,7 @@ pub fn describe(level: u32) -> &'static str {
         LEVEL_BASE => "the builds before namespaces",
         LEVEL_NAMESPACES => "namespaces",
         LEVEL_TORCH => "the PyTorch store",
+        LEVEL_RENDEZVOUS => "torchrun's rendezvous",
         _ => "a newer build than this one",
     }
 }
@@ -59,6 +63,7 @@ impl Update {
             Some(Command::CreateNamespace(c)) => namespace_level(c.spec.as_ref(), c.data.as_ref()),
             Some(Command::DeleteNamespace(_)) => LEVEL_NAMESPACES,
             Some(Command::Torch(_)) => LEVEL_TORCH,
+            Some(Command::Rendezvous(_)) => LEVEL_RENDEZVOUS,
             Some(Command::SetFeatureLevel(s)) => s.level.max(LEVEL_NAMESPACES),
             _ => LEVEL_BASE,
         };
@@ -72,13 +77,16 @@ impl Update {
 }
 
 /// The level a namespace of settings `spec` and state `data` needs: the
-/// PyTorch store's when either holds any of it (its state, a spec's
-/// `torch_plaintext`), else namespaces'.
+/// rendezvous' when its state holds a rendezvous, the PyTorch store's when
+/// either holds any of it (its state, a spec's `torch_plaintext`), else
+/// namespaces'.
 fn namespace_level(spec: Option<&NamespaceSpec>, data: Option<&NamespaceData>) -> u32 {
     let plaintext = |s: Option<&NamespaceSpec>| s.is_some_and(|s| s.torch_plaintext);
     let torch =
         plaintext(spec) || data.is_some_and(|d| d.torch.is_some() || plaintext(d.spec.as_ref()));
-    if torch {
+    if data.is_some_and(|d| d.rendezvous.is_some()) {
+        LEVEL_RENDEZVOUS
+    } else if torch {
         LEVEL_TORCH
     } else {
         LEVEL_NAMESPACES
@@ -92,7 +100,9 @@ pub(crate) fn state_level(data: &StateData) -> u32 {
         .namespaces
         .values()
         .map(|n| namespace_level(None, Some(n)));
-    let torch = if data.torch.is_some() {
+    let torch = if data.rendezvous.is_some() {
+        LEVEL_RENDEZVOUS
+    } else if data.torch.is_some() {
         LEVEL_TORCH
     } else {
         LEVEL_BASE

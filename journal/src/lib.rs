@@ -7,7 +7,8 @@
 //!
 //! The state has **areas**, each one module with its own command, reply,
 //! state and errors: [`coordination`], the tf.data [`dispatcher`], the
-//! [`closures`] queue and PyTorch's store ([`torch`]). `State::apply` handles what the areas share (the
+//! [`closures`] queue, PyTorch's store ([`torch`]) and torchrun's
+//! [`rendezvous`]. `State::apply` handles what the areas share (the
 //! cluster configuration and job epoch, exactly-once sessions) and hands an
 //! area's command to that area ([`area::Area`]). Areas never call each
 //! other: a cross-area effect (a task lost, a job epoch reset) reaches every
@@ -65,6 +66,14 @@ pub mod pb {
     pub mod torch {
         include!(concat!(env!("OUT_DIR"), "/coordstore.journal.torch.rs"));
     }
+
+    /// The rendezvous area's messages (`proto/rendezvous.proto`).
+    pub mod rendezvous {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/coordstore.journal.rendezvous.rs"
+        ));
+    }
 }
 
 pub mod area;
@@ -77,13 +86,16 @@ pub mod known;
 pub mod level;
 mod names;
 pub mod namespace;
+pub mod rendezvous;
 mod state;
 pub mod torch;
 pub mod wait;
 
 pub use cluster::{task_name, Cluster, JAX_JOB};
 pub use known::{decode_known, NotKnown};
-pub use level::{FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, LEVEL_TORCH, OLDEST_FORMAT};
+pub use level::{
+    FEATURE_LEVEL, LEVEL_BASE, LEVEL_NAMESPACES, LEVEL_RENDEZVOUS, LEVEL_TORCH, OLDEST_FORMAT,
+};
 pub use namespace::{Namespace, Usage, DEFAULT_NAMESPACE};
 pub use pb::{Code, DomainError, Outcome, Update};
 pub use state::{

@@ -12,7 +12,7 @@
 
 use crate::cluster::Cluster;
 use crate::pb::{ClusterConfig, Code, DomainError, NamespaceSpec};
-use crate::{closures, coordination, dispatcher, errors, torch};
+use crate::{closures, coordination, dispatcher, errors, rendezvous, torch};
 
 pub use crate::names::{
     namespace_key, namespace_name, valid_name, DEFAULT_NAMESPACE, MAX_NAME_LEN,
@@ -35,6 +35,8 @@ pub struct Namespace<'a> {
     pub(crate) closures: &'a closures::Data,
     /// Absent until the store's first command.
     pub(crate) torch: Option<&'a torch::Data>,
+    /// Absent until the first rendezvous command.
+    pub(crate) rendezvous: Option<&'a rendezvous::Data>,
 }
 
 /// What a namespace holds, for operators: its tasks by status, its
@@ -132,6 +134,16 @@ impl<'a> Namespace<'a> {
         torch::Reader {
             data: self
                 .torch
+                .unwrap_or_else(|| EMPTY.get_or_init(Default::default)),
+        }
+    }
+
+    /// torchrun's rendezvous, read-only (empty until its first command).
+    pub fn rendezvous(&self) -> rendezvous::Reader<'a> {
+        static EMPTY: std::sync::OnceLock<rendezvous::Data> = std::sync::OnceLock::new();
+        rendezvous::Reader {
+            data: self
+                .rendezvous
                 .unwrap_or_else(|| EMPTY.get_or_init(Default::default)),
         }
     }

@@ -121,6 +121,14 @@ pub enum Wait {
         /// STOP_WAITING written to it so far.
         seen: u64,
     },
+    /// An agent of rendezvous run `run` that read its epoch `epoch`:
+    /// answers [`Answer::Done`] once the epoch moved (or the run is gone).
+    Rendezvous {
+        /// The run.
+        run: String,
+        /// The epoch the agent read.
+        epoch: u64,
+    },
 }
 
 /// A parked call's answer.
@@ -229,6 +237,7 @@ impl Wait {
             Wait::StoreConnection { connection, .. } => {
                 vec![Object::StoreConnection(*connection)]
             }
+            Wait::Rendezvous { run, .. } => vec![Object::Rendezvous(run.clone())],
         }
     }
 
@@ -242,6 +251,7 @@ impl Wait {
                 | Wait::ClosuresSettled { .. }
                 | Wait::JoinReady { .. }
                 | Wait::StoreConnection { .. }
+                | Wait::Rendezvous { .. }
         )
     }
 
@@ -260,6 +270,7 @@ impl Wait {
             Wait::ClosureGet { .. } => "closure_get",
             Wait::ClosuresSettled { .. } | Wait::JoinReady { .. } => "closure_fetch",
             Wait::StoreConnection { .. } => "torch_wait",
+            Wait::Rendezvous { .. } => "rendezvous",
         }
     }
 }
@@ -327,16 +338,7 @@ impl State {
                 queue,
                 ids,
                 settled,
-            } => {
-                while let Some(&id) = ids.get(*settled) {
-                    match q.settled(queue, id) {
-                        Err(e) => return Some(Err(e)),
-                        Ok(None) => return None,
-                        Ok(Some(_)) => *settled += 1,
-                    }
-                }
-                Some(Ok(Answer::Done))
-            }
+            } => all_settled(&q, queue, ids, settled),
             Wait::JoinReady { queue } => q.join_ready(queue).then_some(Ok(Answer::Done)),
             Wait::StoreConnection { connection, seen } => match n.torch().connection(*connection) {
                 None => Some(Ok(Answer::Connection(None))),
@@ -345,6 +347,29 @@ impl State {
                 }
                 Some(_) => None,
             },
+            Wait::Rendezvous { run, epoch } => n
+                .rendezvous()
+                .run(run)
+                .is_none_or(|r| r.epoch != *epoch)
+                .then_some(Ok(Answer::Done)),
         }
     }
+}
+
+/// Whether closures `ids` of `queue` are all settled, counting in
+/// `settled` those found so (settled outcomes never change).
+fn all_settled(
+    q: &crate::closures::Reader<'_>,
+    queue: &str,
+    ids: &[u64],
+    settled: &mut usize,
+) -> Option<Result<Answer, DomainError>> {
+    while let Some(&id) = ids.get(*settled) {
+        match q.settled(queue, id) {
+            Err(e) => return Some(Err(e)),
+            Ok(None) => return None,
+            Ok(Some(_)) => *settled += 1,
+        }
+    }
+    Some(Ok(Answer::Done))
 }

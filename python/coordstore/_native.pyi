@@ -138,3 +138,32 @@ def get_namespace(
     tls_key: Optional[_Path] = None,
     retry_for_s: float = 60.0,
 ) -> tuple[str, int, dict[str, int]]: ...
+
+class Rendezvous:
+    def __init__(
+        self,
+        endpoints: list[str],
+        run: str,
+        *,
+        namespace: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+    ) -> None: ...
+    def next_rendezvous(
+        self,
+        addr: str,
+        pid: int,
+        local_id: int,
+        min_nodes: int,
+        max_nodes: int,
+        last_call_s: float,
+        keep_alive_s: float,
+        keep_alive_max_attempt: int,
+        join_timeout_s: float,
+        rejoin: bool,
+    ) -> tuple[str, int, int, int]: ...
+    def view(self, addr: str, pid: int, local_id: int) -> tuple[int, bool, bool, int, int, int]: ...
+    def keep_alive(self, addr: str, pid: int, local_id: int) -> None: ...
+    def leave(self, addr: str, pid: int, local_id: int) -> tuple[int, bool, bool, int, int, int]: ...
+    def close(self) -> None: ...

@@ -15,9 +15,11 @@ The handler, registered under torchrun's entry point group
    namespace, over every node given, so the agent and its workers ride
    through any node's death and reach a TLS cluster in plaintext on
    loopback only;
-3. runs torch's own ``DynamicRendezvousHandler`` over a
-   ``C10dRendezvousBackend`` whose ``TCPStore(is_master=False)`` dials the
-   relay, and hands the workers the relay as their store too
+3. runs the rendezvous through the cluster's rendezvous service
+   (:mod:`coordstore.rendezvous`; with ``rendezvous=c10d``, torch's own
+   ``DynamicRendezvousHandler`` over a ``C10dRendezvousBackend``), with a
+   ``TCPStore(is_master=False)`` client of the relay as the agents' store,
+   and hands the workers the relay as their store too
    (``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` the relay's port,
    ``TORCHELASTIC_USE_AGENT_STORE=True``: every rank a client). No
    ``TCPStore`` server is started anywhere;
@@ -40,6 +42,10 @@ The handler, registered under torchrun's entry point group
   exist already (``coordstore ctl ns create``).
 * ``read_timeout``: seconds, the agent store's timeout (default 60, as
   torch's c10d backend).
+* ``rendezvous``: ``native`` (default: the cluster decides the rounds,
+  :mod:`coordstore.rendezvous`; needs a cluster at journal level 5) or
+  ``c10d`` (torch's own ``DynamicRendezvousHandler`` over one
+  compare-and-set key, as ``--rdzv-backend c10d`` does).
 * torch's own: ``join_timeout``, ``last_call_timeout``, ``close_timeout``,
   ``heartbeat_timeout``, ``keep_alive_interval``, ``keep_alive_max_attempt``,
   ``cas_backoff_max_seconds``.
@@ -68,7 +74,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from ._native import Rendezvous
 from .errors import AlreadyExists, NotFound, PermissionDenied
+from .rendezvous import NativeRendezvousHandler
+from .rendezvous import handler_options as native_options
 from .relay import Relay, create_namespace, get_namespace, is_namespace_name, namespace_name
 
 __all__ = ["BACKEND", "CoordstoreRendezvousHandler", "Settings", "create_handler", "handler"]
@@ -168,6 +177,28 @@ def ensure_namespace(s: Settings) -> None:
             ) from denied
 
 
+def empty_workers_store(
+    agent_store: TCPStore, run_id: str, info: RendezvousInfo, wait: timedelta
+) -> None:
+    """Each round's workers find their store empty, as a store of their
+    own would be: node-rank 0 deletes every key but the rendezvous'
+    (``torch.rendezvous.<run id>`` and under it) and the other agents
+    wait for it before they start their workers. Every agent stopped
+    its workers before it joined the round. Without this, a restarted
+    worker group reads the previous attempt's keys (gloo's addresses)
+    and dials dead peers: stock torch 2.15's shared store does just
+    that (``docs/pytorch.md``, torchrun)."""
+    done = "coordstore/workers_store_emptied"
+    if info.rank != 0:
+        info.store.wait([done], wait)
+        return
+    rendezvous = f"torch.rendezvous.{run_id}"
+    for key in agent_store.list_keys():
+        if key != rendezvous and not key.startswith(rendezvous + "."):
+            agent_store.delete_key(key)
+    info.store.set(done, b"1")
+
+
 class _RelayAsServer:
     """Stands for the TCPStore server torch's handler would start for the
     workers: only its ``port`` is read."""
@@ -217,24 +248,8 @@ class CoordstoreRendezvousHandler(DynamicRendezvousHandler):
         return RendezvousInfo(info.store, info.rank, info.world_size, self._workers_store)
 
     def _empty_workers_store(self, info: RendezvousInfo) -> None:
-        """Each round's workers find their store empty, as a store of their
-        own would be: node-rank 0 deletes every key but the rendezvous'
-        (``torch.rendezvous.<run id>`` and under it) and the other agents
-        wait for it before they start their workers. Every agent stopped
-        its workers before it joined the round. Without this, a restarted
-        worker group reads the previous attempt's keys (gloo's addresses)
-        and dials dead peers: stock torch 2.15's shared store does just
-        that (``docs/pytorch.md``, torchrun)."""
-        done = "coordstore/workers_store_emptied"
-        if info.rank != 0:
-            info.store.wait([done], self.settings.timeout.join)
-            return
         assert self._agent_store is not None
-        rendezvous = f"torch.rendezvous.{self.settings.run_id}"
-        for key in self._agent_store.list_keys():
-            if key != rendezvous and not key.startswith(rendezvous + "."):
-                self._agent_store.delete_key(key)
-        info.store.set(done, b"1")
+        empty_workers_store(self._agent_store, self.settings.run_id, info, self.settings.timeout.join)
 
     def shutdown(self) -> bool:
         try:
@@ -272,9 +287,12 @@ def _handler_options(params: RendezvousParameters) -> dict[str, Any]:
     return options
 
 
-def create_handler(params: RendezvousParameters) -> CoordstoreRendezvousHandler:
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """The rendezvous handler of ``--rdzv-backend coordstore``."""
     s = Settings.from_params(params)
+    kind = str(params.get("rendezvous", "native"))
+    if kind not in ("native", "c10d"):
+        raise ValueError(f"rendezvous={kind!r}: native or c10d")
     ensure_namespace(s)
     relay = Relay(s.endpoints, namespace=s.namespace, **s.tls)
     try:
@@ -285,6 +303,8 @@ def create_handler(params: RendezvousParameters) -> CoordstoreRendezvousHandler:
             multi_tenant=True,
             timeout=timedelta(seconds=s.read_timeout),
         )
+        if kind == "native":
+            return _native_handler(params, s, relay, store)
         backend = C10dRendezvousBackend(store, params.run_id)
         h = CoordstoreRendezvousHandler.from_backend(
             params.run_id,
@@ -301,6 +321,27 @@ def create_handler(params: RendezvousParameters) -> CoordstoreRendezvousHandler:
     assert isinstance(h, CoordstoreRendezvousHandler)
     h._use_relay(relay, store)
     return h
+
+
+def _native_handler(
+    params: RendezvousParameters, s: Settings, relay: Relay, store: TCPStore
+) -> NativeRendezvousHandler:
+    """The native handler: the cluster's rendezvous, the relay as every store."""
+    options = native_options(params)
+    join = timedelta(seconds=options["timeouts"].join)
+    return NativeRendezvousHandler(
+        backend=BACKEND,
+        run_id=params.run_id,
+        rendezvous=Rendezvous(s.endpoints, params.run_id, namespace=s.namespace, **s.tls),
+        store=store,
+        workers_store=RendezvousStoreInfo(LOOPBACK, relay.port),
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        local_addr=params.local_addr,
+        on_round=lambda info: empty_workers_store(store, params.run_id, info, join),
+        on_shutdown=relay.close,
+        **options,
+    )
 
 
 def _register() -> None:

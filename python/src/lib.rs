@@ -25,6 +25,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tonic::Status;
 
+mod rendezvous;
+
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
@@ -846,6 +848,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Coordinator>()?;
     m.add_class::<Worker>()?;
     m.add_class::<Relay>()?;
+    m.add_class::<rendezvous::Rendezvous>()?;
     m.add_function(wrap_pyfunction!(create_namespace, m)?)?;
     m.add_function(wrap_pyfunction!(get_namespace, m)?)?;
     Ok(())

@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::areas::{
-    closures::Closures, coordination::Coordination, dispatcher::Dispatcher, torch::Store,
+    closures::Closures, coordination::Coordination, dispatcher::Dispatcher, rendezvous::Rendezvous,
+    torch::Store,
 };
 use crate::cli::config::ServeConfig;
 use crate::core::connections::Connections;
@@ -20,7 +21,8 @@ use crate::core::namespaces::{NamespacePolicy, Namespaces};
 use crate::core::{Core, LocalLeader, Parking, Router};
 use crate::duties::{
     closures::ClosuresDuty, cluster::ClusterDuty, coordination::CoordinationDuty,
-    dispatcher::DispatcherDuty, levels::LevelDuty, namespaces::NamespaceDuty, LeaderRuntime,
+    dispatcher::DispatcherDuty, levels::LevelDuty, namespaces::NamespaceDuty,
+    rendezvous::RendezvousDuty, LeaderRuntime,
 };
 use crate::ops::http;
 use crate::ops::metrics::{GrpcMetricsLayer, Metrics};
@@ -200,11 +202,13 @@ struct Parts {
 fn parts(cfg: &ServeConfig, core: &Arc<Core>, metrics: &Arc<Metrics>, addr: SocketAddr) -> Parts {
     let coordination_duty = Arc::new(CoordinationDuty::new(cfg.tf_addresses.clone()));
     let dispatcher_duty = Arc::new(DispatcherDuty::new(cfg.tfdata.clone()));
+    let rendezvous_duty = Arc::new(RendezvousDuty::default());
     let duties = Arc::new(LeaderRuntime::new(vec![
         Arc::new(ClusterDuty::new(cfg.coordination.clone())),
         coordination_duty.clone(),
         dispatcher_duty.clone(),
         Arc::new(ClosuresDuty),
+        rendezvous_duty.clone(),
         Arc::new(NamespaceDuty),
         Arc::new(LevelDuty::default()),
     ]));
@@ -224,6 +228,7 @@ fn parts(cfg: &ServeConfig, core: &Arc<Core>, metrics: &Arc<Metrics>, addr: Sock
             cfg.tfdata.clone(),
         )),
         closures: Closures::new(core.clone()),
+        rendezvous: Rendezvous::new(core.clone(), rendezvous_duty),
         max_message_bytes: cfg.max_message_bytes,
         metrics: metrics.clone(),
         tls: cfg.client_tls.clone(),

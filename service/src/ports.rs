@@ -15,7 +15,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::areas::{
-    closures::Closures, coordination::Coordination, dispatcher::Dispatcher, torch::Store,
+    closures::Closures, coordination::Coordination, dispatcher::Dispatcher, rendezvous::Rendezvous,
+    torch::Store,
 };
 use crate::core::connections::Connections;
 use crate::core::namespaces::Namespaces;
@@ -25,7 +26,8 @@ use crate::wire::context::{PortNamespace, Tag};
 use crate::wire::listener;
 use crate::wire::torch::{grpc::TorchApi, TorchPort};
 use crate::wire::{
-    agent::AgentApi, closures::ClosureApi, tf::TfService, tfdata::TfDataService, xla::XlaService,
+    agent::AgentApi, closures::ClosureApi, rendezvous::RendezvousApi, tf::TfService,
+    tfdata::TfDataService, xla::XlaService,
 };
 
 /// How often a port that could not be bound is tried again.
@@ -42,6 +44,8 @@ pub struct Services {
     pub dispatcher: Arc<Dispatcher>,
     /// The closure queue area.
     pub closures: Closures,
+    /// torchrun's rendezvous.
+    pub rendezvous: Rendezvous,
     /// The node's message limit.
     pub max_message_bytes: usize,
     /// The node's metrics.
@@ -71,6 +75,7 @@ impl Services {
             .add_service(TfService::server(self.coordination.clone(), max))
             .add_service(TfDataService::server(self.dispatcher.clone(), max))
             .add_service(ClosureApi::server(self.closures.clone(), max))
+            .add_service(RendezvousApi::server(self.rendezvous.clone(), max))
             .add_service(AgentApi::server(self.coordination.clone(), max))
             .add_service(TorchApi::server(self.store.clone(), max));
         routes

@@ -56,6 +56,15 @@ async fn a_client_claiming_to_be_a_node_gets_no_more_than_a_client() {
             Command::from(journal::pb::torch::Forget {
                 connections: vec![1],
             }),
+            // The rendezvous duty's: forming a round, dropping agents.
+            Command::from(journal::pb::rendezvous::Complete {
+                run: "r".into(),
+                round: 0,
+            }),
+            Command::from(journal::pb::rendezvous::Expire {
+                run: "r".into(),
+                nodes: vec![],
+            }),
         ];
         for cmd in leader_only {
             let e = c

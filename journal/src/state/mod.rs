@@ -30,7 +30,7 @@ use crate::pb::{
     outcome, update::Command, ClientSession, ClusterConfig, CreateNamespace, DeleteNamespace,
     DomainError, NamespaceData, NamespaceSpec, Origin, Outcome, StateData, Update,
 };
-use crate::torch;
+use crate::{rendezvous, torch};
 
 /// Default bound on the number of clients the exactly-once table remembers.
 pub const DEFAULT_MAX_CLIENT_SESSIONS: u32 = 4096;
@@ -179,6 +179,10 @@ pub fn client_proposable(command: &Command) -> bool {
             .is_some_and(dispatcher::client_proposable),
         Command::Closures(c) => c.command.as_ref().is_some_and(closures::client_proposable),
         Command::Torch(c) => c.command.as_ref().is_some_and(torch::client_proposable),
+        Command::Rendezvous(c) => c
+            .command
+            .as_ref()
+            .is_some_and(rendezvous::client_proposable),
     }
 }
 
@@ -199,6 +203,7 @@ enum AreaId {
     Dispatcher,
     Closures,
     Torch,
+    Rendezvous,
 }
 
 /// Every area's state of one namespace, borrowed apart from the shared part.
@@ -208,6 +213,8 @@ struct Areas<'s> {
     closures: &'s mut closures::Data,
     /// Absent until the store's first command.
     torch: &'s mut Option<torch::Data>,
+    /// Absent until the first rendezvous command.
+    rendezvous: &'s mut Option<rendezvous::Data>,
 }
 
 /// One namespace's own parts, borrowed: the default namespace's are
@@ -223,6 +230,7 @@ struct Parts<'s> {
     dispatcher: &'s mut Option<dispatcher::Data>,
     closures: &'s mut Option<closures::Data>,
     torch: &'s mut Option<torch::Data>,
+    rendezvous: &'s mut Option<rendezvous::Data>,
 }
 
 impl State {
@@ -404,6 +412,13 @@ impl State {
                     .apply(&mut cx, c),
                 AreaId::Torch,
             ),
+            Command::Rendezvous(c) => (
+                areas
+                    .rendezvous
+                    .get_or_insert_with(Default::default)
+                    .apply(&mut cx, c),
+                AreaId::Rendezvous,
+            ),
             _ => unreachable!("shared commands were handled above"),
         };
         self.tell_task_lost(ns, from, &lost, at, touched);
@@ -464,6 +479,7 @@ impl State {
             dispatcher: parts.dispatcher.get_or_insert_with(Default::default),
             closures: parts.closures.get_or_insert_with(Default::default),
             torch: parts.torch,
+            rendezvous: parts.rendezvous,
         };
         Some((cx, areas))
     }
@@ -555,6 +571,9 @@ impl State {
         if let Some(t) = areas.torch {
             t.on_epoch_reset(&mut cx);
         }
+        if let Some(r) = areas.rendezvous {
+            r.on_epoch_reset(&mut cx);
+        }
         Outcome::with_service_incarnation(self.epoch_incarnation(key))
     }
 
@@ -575,6 +594,7 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
         dispatcher,
         closures,
         torch,
+        rendezvous,
         namespaces,
         next_call_id,
         ..
@@ -591,6 +611,7 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
             dispatcher,
             closures,
             torch,
+            rendezvous,
         };
         return Some((parts, next_call_id));
     }
@@ -606,6 +627,7 @@ fn split_parts<'s>(data: &'s mut StateData, key: &str) -> Option<(Parts<'s>, &'s
         dispatcher: &mut n.dispatcher,
         closures: &mut n.closures,
         torch: &mut n.torch,
+        rendezvous: &mut n.rendezvous,
     };
     Some((parts, next_call_id))
 }

@@ -135,5 +135,8 @@ pub(super) fn check_namespace(name: &str, n: &NamespaceData) -> Result<(), Strin
     if let Some(t) = &n.torch {
         crate::torch::check_data(t).map_err(|e| format!("namespace {name}: {e}"))?;
     }
+    if let Some(r) = &n.rendezvous {
+        crate::rendezvous::check_data(r).map_err(|e| format!("namespace {name}: {e}"))?;
+    }
     Ok(())
 }

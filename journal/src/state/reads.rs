@@ -34,6 +34,7 @@ impl State {
             dispatcher: d.dispatcher.as_ref().expect("every area's part is present"),
             closures: d.closures.as_ref().expect("every area's part is present"),
             torch: d.torch.as_ref(),
+            rendezvous: d.rendezvous.as_ref(),
         }
     }
 
@@ -79,6 +80,7 @@ impl State {
                 dispatcher: d.dispatcher.clone(),
                 closures: d.closures.clone(),
                 torch: d.torch.clone(),
+                rendezvous: d.rendezvous.clone(),
             });
         }
         self.data.namespaces.get(key).cloned()
@@ -105,6 +107,7 @@ impl State {
             data.dispatcher = n.dispatcher;
             data.closures = n.closures;
             data.torch = n.torch;
+            data.rendezvous = n.rendezvous;
         } else {
             data.namespaces.insert(key.to_string(), n);
         }
@@ -202,5 +205,6 @@ pub(super) fn namespace_of<'a>(key: &'a str, n: &'a NamespaceData, kv_bytes: u64
         dispatcher: n.dispatcher.as_ref().expect("every area's part is present"),
         closures: n.closures.as_ref().expect("every area's part is present"),
         torch: n.torch.as_ref(),
+        rendezvous: n.rendezvous.as_ref(),
     }
 }

@@ -67,6 +67,9 @@ impl State {
             if let Some(t) = n.torch {
                 t.check_invariants(cl).map_err(named)?;
             }
+            if let Some(r) = n.rendezvous {
+                r.check_invariants(cl).map_err(named)?;
+            }
         }
         Ok(())
     }
@@ -139,6 +142,9 @@ impl State {
             n.closures.check_snapshot(cl).map_err(named)?;
             if let Some(t) = n.torch {
                 t.check_snapshot(cl).map_err(named)?;
+            }
+            if let Some(r) = n.rendezvous {
+                r.check_snapshot(cl).map_err(named)?;
             }
         }
         Ok(s)

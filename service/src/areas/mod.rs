@@ -6,4 +6,5 @@
 pub mod closures;
 pub mod coordination;
 pub mod dispatcher;
+pub mod rendezvous;
 pub mod torch;

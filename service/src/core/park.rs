@@ -38,7 +38,7 @@ pub const DEFAULT_MAX_PARKED_CALLS: u64 = 400_000;
 
 /// The kinds of parked calls (`journal::Wait::kind`), in label order: the
 /// `kind` label of the parked-calls metric.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "register",
     "wait_for_all_tasks",
     "alive_tasks",
@@ -51,6 +51,7 @@ pub const KINDS: [&str; 12] = [
     "closure_get",
     "closure_fetch",
     "torch_wait",
+    "rendezvous",
 ];
 
 fn kind_index(kind: &str) -> usize {

@@ -12,6 +12,7 @@ pub mod dispatcher;
 pub mod levels;
 pub mod namespaces;
 pub mod push;
+pub mod rendezvous;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -13,6 +13,7 @@
 //! | [`agent`] | `coordstore.v1.Agent` (the Rust agent) | coordination |
 //! | [`tfdata`] | `tensorflow.data.DispatcherService` (tf.data) | dispatcher |
 //! | [`closures`] | `coordstore.v1.ClosureQueue` | closures |
+//! | [`rendezvous`] | `coordstore.v1.Rendezvous` (torchrun's `--rdzv-backend coordstore`) | rendezvous |
 //! | [`node`] | `coordstore.v1.Node` (ctl, tools, other nodes) | core, coordination |
 //! | [`torch`] | PyTorch's TCPStore protocol (raw TCP, same ports) | torch |
 
@@ -22,6 +23,7 @@ pub mod context;
 pub mod listener;
 pub mod namespaces;
 pub mod node;
+pub mod rendezvous;
 pub mod tf;
 pub mod tfdata;
 pub mod torch;

@@ -5,7 +5,7 @@ use super::*;
 
 /// Whether `path` names a method of a service this node serves.
 pub(super) fn known_path(path: &str) -> bool {
-    const SERVICES: [&str; 13] = [
+    const SERVICES: [&str; 14] = [
         "/xla.coordination.CoordinationService/",
         "/tensorflow.CoordinationService/",
         "/tensorflow.data.DispatcherService/",
@@ -17,6 +17,7 @@ pub(super) fn known_path(path: &str) -> bool {
         "/coordstore.v1.Agent/",
         "/coordstore.v1.TorchStore/",
         "/coordstore.v1.ClosureQueue/",
+        "/coordstore.v1.Rendezvous/",
         "/coordstore.v1.RaftPeer/",
         "/grpc.health.v1.Health/",
     ];
