@@ -173,6 +173,11 @@ class NativeRendezvousHandler(RendezvousHandler):
                 f"the rendezvous {self._run_id!r} did not form within {self.timeouts.join} s"
             )
         self._round = rnd
+        # The wait list as it stood before this round formed is stale: torch's
+        # next_rendezvous leaves its state freshly synced, so its agent's
+        # next poll reads the new round's (a stale 1 here restarted a healthy
+        # agent again right after the round formed).
+        self._cached = (0.0, 0)
         log.info(
             "rendezvous %s round %d formed: node rank %d of %d (%s)",
             self._run_id, rnd, rank, world_size, _desc(self.node),

@@ -408,6 +408,68 @@ fn torchrun_coordstore_backend_restarts_a_crashed_worker_group() {
     );
 }
 
+/// torchrun's elastic membership on the native rendezvous, with real
+/// agents (`--nnodes 1:2`): one agent starts alone (its round forms with
+/// one node once the last call passed), a second joins late (the first
+/// sees it waiting, stops its worker and both form a round of two), then
+/// the second is SIGKILLed (the first's worker fails, its agent restarts,
+/// the leader drops the silent agent and the first forms a round alone
+/// and finishes).
+#[test]
+fn torchrun_native_rendezvous_takes_a_late_agent_and_loses_one() {
+    let cluster = Cluster::start(3, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_leader(&[0, 1, 2], WAIT));
+    let hold = cluster.dir.path().join("hold");
+    let conf = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2";
+    let mut rdzv = coordstore_rdzv(&cluster, "torchrun-elastic", conf);
+    rdzv.extend(["--max-restarts", "3", "--monitor-interval", "0.2"].map(String::from));
+    let program = worker(&["--rounds", "2", "--hold-file", &hold.display().to_string()]);
+    let elastic = |label: &str| {
+        let mut args: Vec<String> = ["--nnodes", "1:2", "--nproc-per-node", "1"]
+            .map(String::from)
+            .to_vec();
+        args.extend(rdzv.iter().cloned());
+        args.extend(program.iter().cloned());
+        let env = [("OMP_NUM_THREADS", "1"), ("GLOO_SOCKET_IFNAME", "lo")];
+        let dir = cluster.dir.path();
+        let mut p = PyProc::spawn_with(&torch_python(), "torchrun_agent.py", &args, dir, &env);
+        p.label = label.to_string();
+        p
+    };
+    let with_world = |agents: &[PyProc], world: u64| -> Result<usize, usize> {
+        let n = lines(agents)
+            .iter()
+            .filter(|v| v["world"] == world && v.get("round").is_none())
+            .count();
+        holds(n > 0, || n).map(|()| n)
+    };
+    let mut agents = vec![elastic("the first agent")];
+    eventually_blocking("a worker of a world of 1", JOB, || with_world(&agents, 1));
+    agents.push(elastic("the late agent"));
+    eventually_blocking("two workers of a world of 2", JOB, || {
+        let n = with_world(&agents, 2)?;
+        holds(n == 2, || n)
+    });
+    // SIGKILLed (its workers die with it).
+    drop(agents.pop().expect("the late agent"));
+    std::fs::write(&hold, b"").unwrap();
+    let status = agents[0].wait_exit(JOB);
+    let done: Vec<Value> = lines(&agents)
+        .into_iter()
+        .filter(|v| v.get("done").is_some())
+        .collect();
+    assert!(
+        status.success()
+            && done
+                .iter()
+                .any(|d| d["done"]["world"] == 1 && d["ok"] == true),
+        "{status}\n{}\n{}",
+        report(&agents),
+        cluster.logs()
+    );
+}
+
 /// A CA for the servers, one for the clients; the node's certificate, the
 /// peers', and an admin's (`ops`).
 struct Certs {
