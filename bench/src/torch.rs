@@ -3,7 +3,10 @@
 //! NCCL start-up does to its store, in phases, each timed by its slowest
 //! rank:
 //!
-//! * `connect`: connect, VALIDATE, PING;
+//! * `connect`: connect, VALIDATE, PING; a connect that fails is retried
+//!   with torch 2.15's client backoff (500 ms, times 1.5 each time, ±50 %,
+//!   at most 60 s) until the phase's timeout, and the kernel's count of
+//!   connects dropped from a full accept queue is recorded;
 //! * `init`: every rank ADDs `init/` (a TCPStore client given the world
 //!   size);
 //! * `rendezvous`: M = N / `ranks_per_agent` agents join by
@@ -13,7 +16,9 @@
 //!   torch's pickled state does;
 //! * `native-rendezvous` (coordstore only): the same M agents through the
 //!   cluster's rendezvous service (`agent::rendezvous`, the loop of the
-//!   native torchrun handler), `min_nodes = max_nodes = M`;
+//!   native torchrun handler), `min_nodes = max_nodes = M`: what
+//!   `--rdzv-backend coordstore` does, so a full run times it, not the
+//!   c10d one, for coordstore;
 //! * `nccl-id`: ranks 1..N WAIT for the id, rank 0 SETs it (128 bytes), every
 //!   rank GETs it once released;
 //! * `barrier`: every rank BARRIERs on one key;
@@ -100,6 +105,14 @@ pub struct PhaseRow {
     pub first_error: Option<String>,
     /// Raft log entries appended during the phase (coordstore).
     pub log_entries: Option<u64>,
+    /// Connects the kernel dropped from a full accept queue during the
+    /// phase (`TcpExt ListenOverflows` of /proc/net/netstat: the whole
+    /// machine's, and each peer runs alone).
+    #[serde(default)]
+    pub listen_overflows: Option<u64>,
+    /// Connects retried with torch's backoff (connect phase).
+    #[serde(default)]
+    pub connect_retries: u64,
 }
 
 /// One (peer, N) run.
@@ -489,11 +502,12 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
     let pids = servers.pids();
     let mut clients = Vec::new();
     let connects = if load.rendezvous_only { agents } else { n };
-    let phase = timed(&servers, &pids, "connect", async {
-        let (secs, errors, first) = connect_all(&servers, connects, load, &mut clients).await;
-        (secs, errors, first)
+    let mut retries = 0;
+    let mut phase = timed(&servers, &pids, "connect", async {
+        connect_all(&servers, connects, load, &mut clients, &mut retries).await
     })
     .await;
+    phase.connect_retries = retries;
     let failed = phase.errors > 0;
     row.phases.push(phase);
     if failed {
@@ -504,6 +518,9 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
         (Peer::Floor, _) => &["steady"],
         (Peer::Coordstore(_), true) => &["rendezvous", "native-rendezvous"],
         (_, true) => &["rendezvous"],
+        (Peer::Coordstore(_), false) => {
+            &["init", "native-rendezvous", "nccl-id", "barrier", "steady"]
+        }
         _ => &["init", "rendezvous", "nccl-id", "barrier", "steady"],
     };
     let nodes: Vec<String> = servers.addrs.iter().map(|(a, _)| a.to_string()).collect();
@@ -525,8 +542,9 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
             );
         }
         row.phases.push(phase);
-        // The rendezvous-only runs measure the native rendezvous after a
-        // c10d rendezvous that timed out.
+        // A phase that timed out leaves replies unread on its connections
+        // (the next phase would read them); the rendezvous-only runs'
+        // native phase does not use them.
         if failed && !load.rendezvous_only {
             break;
         }
@@ -543,7 +561,9 @@ async fn timed(
 ) -> PhaseRow {
     let cpu0: Vec<f64> = pids.iter().map(|p| p.map_or(0.0, cpu_seconds)).collect();
     let log0 = servers.log_index().await;
+    let over0 = listen_overflows();
     let (seconds, errors, first_error) = fut.await;
+    let over1 = listen_overflows();
     let log1 = servers.log_index().await;
     let roles = servers.roles().await;
     let servers = pids
@@ -564,6 +584,53 @@ async fn timed(
         errors,
         first_error,
         log_entries: log0.zip(log1).map(|(a, b)| b.saturating_sub(a)),
+        listen_overflows: over0.zip(over1).map(|(a, b)| b.saturating_sub(a)),
+        connect_retries: 0,
+    }
+}
+
+/// The kernel's `TcpExt ListenOverflows` (connects dropped from a full
+/// accept queue, each one a client's SYN retry a second later).
+fn listen_overflows() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (rows.next()?, rows.next()?);
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
+/// torch 2.15's client backoff between connect attempts: 500 ms, times
+/// 1.5 each attempt, ±50 %, at most 60 s.
+fn backoff(attempt: u32, jitter: f64) -> Duration {
+    let base = 0.5 * 1.5f64.powi(attempt as i32);
+    let jittered = base * (0.5 + jitter);
+    Duration::from_secs_f64(jittered.min(60.0))
+}
+
+/// Connects rank `i` to `addr`, retrying with torch's backoff until
+/// `within` passed: the client, and how many retries it took.
+async fn connect_retrying(
+    addr: SocketAddr,
+    i: usize,
+    within: Duration,
+) -> (std::io::Result<StoreClient>, u64) {
+    let until = Instant::now() + within;
+    let mut attempt = 0u32;
+    loop {
+        match StoreClient::connect_from(addr, source(i), i as u32).await {
+            Ok(c) => return (Ok(c), u64::from(attempt)),
+            Err(e) if Instant::now() >= until => return (Err(e), u64::from(attempt)),
+            Err(_) => {
+                // A deterministic spread per rank and attempt, in [0, 1).
+                let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(attempt);
+                let jitter =
+                    (h.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 11) as f64 / (1u64 << 53) as f64;
+                tokio::time::sleep(backoff(attempt, jitter)).await;
+                attempt += 1;
+            }
+        }
     }
 }
 
@@ -573,6 +640,7 @@ async fn connect_all(
     n: usize,
     load: &Load,
     clients: &mut Vec<StoreClient>,
+    retries: &mut u64,
 ) -> (f64, u64, Option<String>) {
     let t0 = Instant::now();
     let gate = Arc::new(Semaphore::new(load.connect_parallel.max(1)));
@@ -580,17 +648,24 @@ async fn connect_all(
         .map(|i| {
             let (addr, _) = servers.addrs[i % servers.addrs.len()];
             let gate = gate.clone();
+            let within = load.phase_timeout;
             tokio::spawn(async move {
                 let _permit = gate.acquire().await.expect("open");
-                StoreClient::connect_from(addr, source(i), i as u32).await
+                connect_retrying(addr, i, within).await
             })
         })
         .collect();
     let mut errors = Vec::new();
     for t in tasks {
         match t.await {
-            Ok(Ok(c)) => clients.push(c),
-            Ok(Err(e)) => errors.push(e.to_string()),
+            Ok((Ok(c), tries)) => {
+                *retries += tries;
+                clients.push(c)
+            }
+            Ok((Err(e), tries)) => {
+                *retries += tries;
+                errors.push(e.to_string())
+            }
             Err(e) => errors.push(e.to_string()),
         }
     }
@@ -829,7 +904,16 @@ fn startup(r: &Row) -> String {
     let phases: Vec<f64> = r
         .phases
         .iter()
-        .filter(|p| ["init", "rendezvous", "nccl-id", "barrier"].contains(&p.phase.as_str()))
+        .filter(|p| {
+            [
+                "init",
+                "rendezvous",
+                "native-rendezvous",
+                "nccl-id",
+                "barrier",
+            ]
+            .contains(&p.phase.as_str())
+        })
         .map(|p| p.seconds)
         .collect();
     match phases.is_empty() {
@@ -841,13 +925,13 @@ fn startup(r: &Row) -> String {
 /// The markdown tables.
 pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
     let mut md = String::from(
-        "| peer | ranks | agents | phase | s | server CPU s | server RSS MiB | Raft entries | errors |\n\
-         |---|---:|---:|---|---:|---|---|---:|---:|\n",
+        "| peer | ranks | agents | phase | s | server CPU s | server RSS MiB | Raft entries | errors | listen overflows / connect retries |\n\
+         |---|---:|---:|---|---:|---|---|---:|---:|---:|\n",
     );
     for r in rows {
         if r.phases.is_empty() {
             md.push_str(&format!(
-                "| {} | {} | {} | — | — | — | — | — | {} |\n",
+                "| {} | {} | {} | — | — | — | — | — | {} | — |\n",
                 r.peer, r.ranks, r.agents, r.outcome
             ));
         }
@@ -863,7 +947,7 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
                 .map(|s| format!("{:.0}", s.rss_mib))
                 .collect();
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
                 r.peer,
                 r.ranks,
                 r.agents,
@@ -872,7 +956,12 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
                 cpu.join(" / "),
                 mem.join(" / "),
                 p.log_entries.map_or("—".into(), |e| e.to_string()),
-                p.errors
+                p.errors,
+                match (p.phase.as_str(), p.listen_overflows) {
+                    ("connect", Some(o)) => format!("{o} / {}", p.connect_retries),
+                    ("connect", None) => format!("? / {}", p.connect_retries),
+                    _ => "—".into(),
+                }
             ));
         }
     }
