@@ -922,6 +922,15 @@ fn startup(r: &Row) -> String {
     }
 }
 
+/// The connect phase's listen overflows and connect retries.
+fn overflows(p: &PhaseRow) -> String {
+    match (p.phase.as_str(), p.listen_overflows) {
+        ("connect", Some(o)) => format!("{o} / {}", p.connect_retries),
+        ("connect", None) => format!("? / {}", p.connect_retries),
+        _ => "—".into(),
+    }
+}
+
 /// The markdown tables.
 pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
     let mut md = String::from(
@@ -957,11 +966,7 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
                 mem.join(" / "),
                 p.log_entries.map_or("—".into(), |e| e.to_string()),
                 p.errors,
-                match (p.phase.as_str(), p.listen_overflows) {
-                    ("connect", Some(o)) => format!("{o} / {}", p.connect_retries),
-                    ("connect", None) => format!("? / {}", p.connect_retries),
-                    _ => "—".into(),
-                }
+                overflows(p)
             ));
         }
     }
