@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use agent::torch::StoreClient;
 use bytes::Bytes;
 use coordstore_tests::wait::eventually;
-use coordstore_tests::{try_status, Cluster};
+use coordstore_tests::{listen_overflows, try_status, Cluster};
 use proto::torch::{Op, STOP_WAITING};
 use tokio::sync::Semaphore;
 
@@ -587,18 +587,6 @@ async fn timed(
         listen_overflows: over0.zip(over1).map(|(a, b)| b.saturating_sub(a)),
         connect_retries: 0,
     }
-}
-
-/// The kernel's `TcpExt ListenOverflows` (connects dropped from a full
-/// accept queue, each one a client's SYN retry a second later).
-fn listen_overflows() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
-    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (rows.next()?, rows.next()?);
-    let at = names
-        .split_whitespace()
-        .position(|n| n == "ListenOverflows")?;
-    values.split_whitespace().nth(at)?.parse().ok()
 }
 
 /// torch 2.15's client backoff between connect attempts: 500 ms, times

@@ -92,6 +92,19 @@ pub fn free_port() -> u16 {
     free_port_on("127.0.0.1")
 }
 
+/// The kernel's count of connections dropped because an accept queue was
+/// full (`TcpExt: ListenOverflows` of /proc/net/netstat, the whole
+/// machine's; each costs its client a 1 s SYN retry).
+pub fn listen_overflows() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (rows.next()?, rows.next()?);
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
 /// `n` free loopback addresses (`127.0.0.1:PORT`), e.g. one
 /// `--metrics-listen` per node.
 pub fn free_addrs(n: usize) -> Vec<String> {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use agent::torch::StoreClient;
 use coordstore_tests::wait::{holds, wait};
-use coordstore_tests::{connect, free_port, http_get, metric_sample, node_host, ns, Cluster};
+use coordstore_tests::{
+    connect, free_port, http_get, listen_overflows, metric_sample, node_host, ns, Cluster,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -19,18 +21,6 @@ fn backlog(port: u16) -> Option<u32> {
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines().next()?.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// The kernel's count of connections dropped because an accept queue was
-/// full (`TcpExt: ListenOverflows`; each costs its client a 1 s SYN retry).
-fn listen_overflows() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
-    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (rows.next()?, rows.next()?);
-    let at = names
-        .split_whitespace()
-        .position(|n| n == "ListenOverflows")?;
-    values.split_whitespace().nth(at)?.parse().ok()
 }
 
 fn port_of(addr: &str) -> u16 {

@@ -39,11 +39,6 @@ impl Rendezvous {
         &self.core
     }
 
-    /// The leader's bookkeeping of keep-alives.
-    pub fn duty(&self) -> &Arc<RendezvousDuty> {
-        &self.duty
-    }
-
     /// Proposes `command` for call `c`: the agent's view after it. A domain
     /// error is the call's status.
     pub async fn step(&self, c: &Call, command: impl Into<Command>) -> CallResult<View> {
