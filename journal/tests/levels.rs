@@ -13,7 +13,7 @@ fn raise(level: u32) -> Update {
 }
 
 fn create(name: &str) -> Update {
-    Update::from(Command::CreateNamespace(CreateNamespace {
+    Update::from(Command::CreateNamespace(Box::new(CreateNamespace {
         name: name.into(),
         config: Some(config(1, &Opts::default())),
         spec: Some(NamespaceSpec {
@@ -22,7 +22,7 @@ fn create(name: &str) -> Update {
         }),
         service_incarnation: 1,
         ..Default::default()
-    }))
+    })))
 }
 
 #[test]

@@ -16,7 +16,7 @@ fn in_ns(ns: &str, cmd: Command, at: u64) -> Update {
 }
 
 fn create(name: &str, tasks: u32, port: u32, inc: u64) -> Command {
-    Command::CreateNamespace(CreateNamespace {
+    Command::CreateNamespace(Box::new(CreateNamespace {
         name: name.into(),
         config: Some(config(tasks, &Opts::default())),
         spec: Some(NamespaceSpec {
@@ -25,7 +25,7 @@ fn create(name: &str, tasks: u32, port: u32, inc: u64) -> Command {
         }),
         service_incarnation: inc,
         ..Default::default()
-    })
+    }))
 }
 
 fn delete(name: &str) -> Command {
@@ -240,14 +240,14 @@ fn lifecycle_refusals_are_precise_and_change_nothing() {
     }
     let out = apply(
         &mut s,
-        Command::CreateNamespace(CreateNamespace {
+        Command::CreateNamespace(Box::new(CreateNamespace {
             port_low: 9500,
             port_high: 9600,
             ..match create("c", 1, 9003, 1) {
-                Command::CreateNamespace(c) => c,
+                Command::CreateNamespace(c) => *c,
                 _ => unreachable!(),
             }
-        }),
+        })),
         30,
     );
     contains(
@@ -256,13 +256,13 @@ fn lifecycle_refusals_are_precise_and_change_nothing() {
     );
     let out = apply(
         &mut s,
-        Command::CreateNamespace(CreateNamespace {
+        Command::CreateNamespace(Box::new(CreateNamespace {
             max_namespaces: 3,
             ..match create("c", 1, 9003, 1) {
-                Command::CreateNamespace(c) => c,
+                Command::CreateNamespace(c) => *c,
                 _ => unreachable!(),
             }
-        }),
+        })),
         30,
     );
     contains(&err(&out, Code::ResourceExhausted), "limit of 3 namespaces");
@@ -277,7 +277,7 @@ fn quotas_name_the_namespace_and_the_limit_and_spare_the_others() {
             max_keys,
             ..Opts::default()
         };
-        Command::CreateNamespace(CreateNamespace {
+        Command::CreateNamespace(Box::new(CreateNamespace {
             name: String::from(name),
             config: Some(config(1, &o)),
             spec: Some(NamespaceSpec {
@@ -287,7 +287,7 @@ fn quotas_name_the_namespace_and_the_limit_and_spare_the_others() {
             }),
             service_incarnation: 7,
             ..Default::default()
-        })
+        }))
     };
     ok(&apply(&mut s, quota("a", 9001, 2, 0), 1));
     ok(&apply(&mut s, quota("b", 9002, 0, 10), 1));
@@ -355,7 +355,7 @@ fn an_export_imported_under_another_name_keeps_the_whole_job() {
     let mut s = two_jobs();
     ok(&s.apply(&in_ns("a", insert("k", "v", false), 30)));
     let exported = s.namespace_data("a").unwrap();
-    let import = Command::CreateNamespace(CreateNamespace {
+    let import = Command::CreateNamespace(Box::new(CreateNamespace {
         name: "a2".into(),
         spec: Some(NamespaceSpec {
             port: 9010,
@@ -363,7 +363,7 @@ fn an_export_imported_under_another_name_keeps_the_whole_job() {
         }),
         data: Some(exported.clone()),
         ..Default::default()
-    });
+    }));
     ok(&apply(&mut s, import, 40));
     let a2 = s.namespace("a2").unwrap();
     assert_eq!(a2.service_incarnation(), 0xA);

@@ -173,7 +173,7 @@ impl Namespaces {
         };
         // Checked here too, so a refused create proposes nothing.
         self.core.state(|s| s.check_create(&create, now_ms()))?;
-        self.propose_here(&c.update(Command::CreateNamespace(create)))
+        self.propose_here(&c.update(Command::CreateNamespace(Box::new(create))))
             .await?;
         Ok(())
     }
