@@ -22,6 +22,7 @@ pub mod scale;
 pub mod stats;
 pub mod tfdata;
 pub mod torch;
+pub mod torch_real;
 
 use std::path::PathBuf;
 

@@ -10,7 +10,7 @@ use coordstore_bench::peers::PeerKind;
 use coordstore_bench::report::{Machine, Report};
 use coordstore_bench::{
     barrier, closures, failover, handoff, jax_latency, kv, memory, namespaces, parked, propose,
-    replay, scale, tfdata, torch,
+    replay, scale, tfdata, torch, torch_real,
 };
 
 #[derive(Parser)]
@@ -294,6 +294,14 @@ struct TorchArgs {
     /// coordstore the native rendezvous too.
     #[arg(long)]
     rendezvous_only: bool,
+    /// Stock torch's own TCPStore clients (bench/python/torch_clients.py,
+    /// in the torch venv) make the start-up instead of the generator:
+    /// connect, init, torch's store-based barrier, the id, a second barrier.
+    #[arg(long)]
+    real_clients: bool,
+    /// Processes of the real clients (one thread per rank in each).
+    #[arg(long, default_value_t = 8)]
+    client_procs: usize,
 }
 
 // The options of `coordstore-bench namespaces`.
@@ -689,6 +697,20 @@ async fn torch_suite(out: &Out, a: TorchArgs, machine: &Machine) -> anyhow::Resu
             other => Err(anyhow::anyhow!("unknown torch peer {other}")),
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if a.real_clients {
+        let rows = torch_real::run(&peers, &load, a.client_procs).await;
+        let path = out.json("torch-real", &rows)?;
+        let md = format!(
+            "{}\n{}\n{}",
+            machine.line(),
+            torch::RESOLUTION,
+            torch_real::table(&rows)
+        );
+        std::fs::write(out.dir.join("torch-real.md"), &md)?;
+        println!("{md}");
+        eprintln!("results: {}", path.display());
+        return Ok(());
+    }
     let (rows, handoffs) = torch::run(&peers, &load).await?;
     let path = out.json("torch", &(&rows, &handoffs))?;
     let md = format!(

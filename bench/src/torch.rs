@@ -36,6 +36,9 @@
 //! node's CPU and the Raft entries per second. A second measure, `handoff`:
 //! one rank SETs a key, another (on a follower) WAITs and GETs it, 200
 //! times: the hand-off's median and p99.
+//!
+//! `--real-clients` runs the start-up with stock torch's own clients
+//! instead of this generator (see `torch_real`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -81,7 +84,7 @@ pub enum Peer {
 }
 
 impl Peer {
-    fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         match self {
             Peer::Coordstore(n) => format!("coordstore-{n}"),
             Peer::Torch => "torch-libuv".into(),
@@ -150,9 +153,9 @@ pub struct Handoff {
 }
 
 /// The servers of one run.
-struct Servers {
+pub(crate) struct Servers {
     /// Each server's client address and pid.
-    addrs: Vec<(SocketAddr, Option<u32>)>,
+    pub(crate) addrs: Vec<(SocketAddr, Option<u32>)>,
     cluster: Option<Cluster>,
     torch: Option<std::process::Child>,
 }
@@ -167,7 +170,7 @@ impl Drop for Servers {
 }
 
 impl Servers {
-    async fn start(peer: Peer, ranks: usize) -> anyhow::Result<Servers> {
+    pub(crate) async fn start(peer: Peer, ranks: usize) -> anyhow::Result<Servers> {
         match peer {
             Peer::Coordstore(nodes) => {
                 let parked = (ranks * 2 + 1024).to_string();
@@ -203,7 +206,7 @@ impl Servers {
         }
     }
 
-    fn pids(&self) -> Vec<Option<u32>> {
+    pub(crate) fn pids(&self) -> Vec<Option<u32>> {
         self.addrs.iter().map(|(_, p)| *p).collect()
     }
 
@@ -258,7 +261,7 @@ const NUMERIC_SHIM: &str = include_str!("../shim/numeric_getnameinfo.c");
 
 /// The numeric-`getnameinfo` shim, compiled with `cc` once into
 /// `target/bench-shim/` (or the temp dir where that is not writable).
-fn numeric_shim() -> anyhow::Result<std::path::PathBuf> {
+pub(crate) fn numeric_shim() -> anyhow::Result<std::path::PathBuf> {
     let dir = coordstore_tests::workspace().join("target/bench-shim");
     let dir = match std::fs::create_dir_all(&dir) {
         Ok(()) => dir,
@@ -294,12 +297,7 @@ fn numeric_shim() -> anyhow::Result<std::path::PathBuf> {
 /// server's reverse lookup of each accepted connection times this
 /// machine's resolver.
 async fn start_torch() -> anyhow::Result<Servers> {
-    let python = coordstore_tests::workspace().join("target/torch-venv/bin/python");
-    anyhow::ensure!(
-        python.exists(),
-        "{} is missing: run scripts/setup-torch.sh",
-        python.display()
-    );
+    let python = torch_python()?;
     let port = coordstore_tests::free_port();
     let script = format!(
         "import sys, datetime, torch.distributed as d\n\
@@ -337,6 +335,17 @@ async fn start_torch() -> anyhow::Result<Servers> {
         cluster: None,
         torch: Some(child),
     })
+}
+
+/// The torch venv's Python (`scripts/setup-torch.sh` makes it).
+pub(crate) fn torch_python() -> anyhow::Result<std::path::PathBuf> {
+    let python = coordstore_tests::workspace().join("target/torch-venv/bin/python");
+    anyhow::ensure!(
+        python.exists(),
+        "{} is missing: run scripts/setup-torch.sh",
+        python.display()
+    );
+    Ok(python)
 }
 
 /// This binary's `bare-torch` on a free port, with one tokio worker per
@@ -553,7 +562,7 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
 }
 
 /// Runs `fut` (a phase) measuring the servers around it.
-async fn timed(
+pub(crate) async fn timed(
     servers: &Servers,
     pids: &[Option<u32>],
     name: &str,
