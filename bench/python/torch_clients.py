@@ -97,7 +97,10 @@ def child(p, procs, n, addresses, timeout_s, conn):
         t.start()
     conn.send("ready")
     for _ in PHASES:
-        conn.recv()
+        try:
+            conn.recv()
+        except EOFError:  # the parent stopped early: no more phases
+            os._exit(0)
         start.wait()
         done.wait()
         failed = [e for e in errors if e is not None]
@@ -144,6 +147,8 @@ def main():
         seconds = max(end for end, _, _ in results) - t0
         print("PHASE " + json.dumps({"phase": phase, "seconds": round(seconds, 4),
                                      "errors": errors, "first_error": first}), flush=True)
+    for c in conns:
+        c.close()
     for c in children:
         c.join(timeout=10)
         if c.is_alive():

@@ -133,6 +133,23 @@ pub struct Row {
     pub phases: Vec<PhaseRow>,
 }
 
+impl Row {
+    /// Adds `phase`; whether it failed (the row's outcome then says how).
+    pub(crate) fn record(&mut self, phase: PhaseRow) -> bool {
+        let failed = phase.errors > 0;
+        if failed {
+            self.outcome = format!(
+                "{}: {} errors, first: {}",
+                phase.phase,
+                phase.errors,
+                phase.first_error.clone().unwrap_or_default()
+            );
+        }
+        self.phases.push(phase);
+        failed
+    }
+}
+
 /// The SET → WAIT+GET hand-off of one peer.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Handoff {
@@ -542,15 +559,7 @@ async fn one(peer: Peer, n: usize, load: &Load) -> anyhow::Result<Row> {
             let fut = run_phase(name, &mut clients, agents, load, t);
             timed(&servers, &pids, name, fut).await
         };
-        let failed = phase.errors > 0;
-        if failed {
-            row.outcome = format!(
-                "{name}: {} errors, first: {}",
-                phase.errors,
-                phase.first_error.clone().unwrap_or_default()
-            );
-        }
-        row.phases.push(phase);
+        let failed = row.record(phase);
         // A phase that timed out leaves replies unread on its connections
         // (the next phase would read them); the rendezvous-only runs'
         // native phase does not use them.
@@ -919,6 +928,21 @@ fn startup(r: &Row) -> String {
     }
 }
 
+/// A phase's table cells of each server's CPU seconds and RSS (MiB).
+pub(crate) fn server_cells(p: &PhaseRow) -> (String, String) {
+    let cpu: Vec<String> = p
+        .servers
+        .iter()
+        .map(|s| format!("{:.2}", s.cpu_s))
+        .collect();
+    let mem: Vec<String> = p
+        .servers
+        .iter()
+        .map(|s| format!("{:.0}", s.rss_mib))
+        .collect();
+    (cpu.join(" / "), mem.join(" / "))
+}
+
 /// The connect phase's listen overflows and connect retries.
 fn overflows(p: &PhaseRow) -> String {
     match (p.phase.as_str(), p.listen_overflows) {
@@ -942,16 +966,7 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
             ));
         }
         for p in &r.phases {
-            let cpu: Vec<String> = p
-                .servers
-                .iter()
-                .map(|s| format!("{:.2}", s.cpu_s))
-                .collect();
-            let mem: Vec<String> = p
-                .servers
-                .iter()
-                .map(|s| format!("{:.0}", s.rss_mib))
-                .collect();
+            let (cpu, mem) = server_cells(p);
             md.push_str(&format!(
                 "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
                 r.peer,
@@ -959,8 +974,8 @@ pub fn table(rows: &[Row], handoffs: &[Handoff]) -> String {
                 r.agents,
                 p.phase,
                 p.seconds,
-                cpu.join(" / "),
-                mem.join(" / "),
+                cpu,
+                mem,
                 p.log_entries.map_or("—".into(), |e| e.to_string()),
                 p.errors,
                 overflows(p)

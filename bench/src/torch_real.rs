@@ -15,7 +15,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::scale::raise_nofile;
-use crate::torch::{numeric_shim, timed, torch_python, Load, Peer, PhaseRow, Row, Servers};
+use crate::torch::{
+    numeric_shim, server_cells, timed, torch_python, Load, Peer, PhaseRow, Row, Servers,
+};
 
 /// The script's phases, in order; `connect` is timed apart from the rest.
 const PHASES: [&str; 5] = ["connect", "init", "barrier1", "nccl-id", "barrier2"];
@@ -70,7 +72,10 @@ async fn one(peer: Peer, n: usize, load: &Load, procs: usize) -> anyhow::Result<
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&err)?)
         .kill_on_drop(true)
+        // Its client processes with it: a group of their own to end.
+        .process_group(0)
         .spawn()?;
+    let _group = Group(script.id());
     let mut stdin = script.stdin.take().expect("piped");
     let mut lines = BufReader::new(script.stdout.take().expect("piped")).lines();
     let ready = tokio::time::timeout(Duration::from_secs(300), lines.next_line()).await;
@@ -89,22 +94,29 @@ async fn one(peer: Peer, n: usize, load: &Load, procs: usize) -> anyhow::Result<
     let wait = load.phase_timeout + Duration::from_secs(30);
     for name in PHASES {
         let answer = answer(&mut stdin, &mut lines, name, wait, &err);
-        let phase = timed(&servers, &pids, name, answer).await;
-        let failed = phase.errors > 0;
-        if failed {
-            row.outcome = format!(
-                "{name}: {} errors, first: {}",
-                phase.errors,
-                phase.first_error.clone().unwrap_or_default()
-            );
-        }
-        row.phases.push(phase);
-        if failed {
+        if row.record(timed(&servers, &pids, name, answer).await) {
             break;
         }
     }
-    let _ = script.kill().await;
+    // The script ends its client processes once its input ends (and the
+    // group is killed when this returns, whatever is left of it).
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(30), script.wait()).await;
     Ok(row)
+}
+
+/// The script's process group, killed when dropped (also on an early
+/// return): the script and the client processes it started.
+struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: kill has no memory preconditions; a group already
+            // gone is ESRCH, ignored.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
 }
 
 /// Phase `name` run by the script (its go written to `stdin`, its
@@ -201,24 +213,15 @@ pub fn table(rows: &[Row]) -> String {
 
 /// One phase's line of the first table.
 fn phase_line(r: &Row, p: &PhaseRow) -> String {
-    let cpu: Vec<String> = p
-        .servers
-        .iter()
-        .map(|s| format!("{:.2}", s.cpu_s))
-        .collect();
-    let mem: Vec<String> = p
-        .servers
-        .iter()
-        .map(|s| format!("{:.0}", s.rss_mib))
-        .collect();
+    let (cpu, mem) = server_cells(p);
     format!(
         "| {} | {} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
         r.peer,
         r.ranks,
         p.phase,
         p.seconds,
-        cpu.join(" / "),
-        mem.join(" / "),
+        cpu,
+        mem,
         p.log_entries.map_or("—".into(), |e| e.to_string()),
         p.errors,
         p.listen_overflows.map_or("?".into(), |o| o.to_string())
