@@ -20,6 +20,20 @@ fn wait_http(addr: &str, path: &str, want: u16, wait: Duration) -> String {
     )
 }
 
+/// Three nodes, each serving metrics on an address of the list, and the
+/// leader's index once one is elected.
+async fn with_metrics() -> (Cluster, Vec<String>, usize) {
+    let http = coordstore_tests::free_addrs(3);
+    let h = http.clone();
+    let cluster = Cluster::start_each(3, &[], move |i| {
+        vec!["--metrics-listen".into(), h[i].clone()]
+    });
+    let leader = cluster
+        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
+        .await;
+    (cluster, http, leader)
+}
+
 fn promtool() -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = std::process::Command::new("bash")
@@ -38,14 +52,7 @@ fn promtool() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_pass_promtool_and_count_what_was_done() {
     let promtool = promtool();
-    let http = coordstore_tests::free_addrs(3);
-    let h = http.clone();
-    let cluster = Cluster::start_each(3, &[], move |i| {
-        vec!["--metrics-listen".into(), h[i].clone()]
-    });
-    let leader = cluster
-        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
-        .await;
+    let (cluster, http, leader) = with_metrics().await;
     let mut client = cluster.client(leader, Duration::from_secs(30)).await;
     let mut w = Writer::new();
     for i in 0..25 {
@@ -463,14 +470,7 @@ async fn ctl_err(endpoint: &str, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_says_why_a_barrier_waits() {
     use coordstore_tests::{job::XlaJob, ns};
-    let http = coordstore_tests::free_addrs(3);
-    let h = http.clone();
-    let cluster = Cluster::start_each(3, &[], move |i| {
-        vec!["--metrics-listen".into(), h[i].clone()]
-    });
-    let leader = cluster
-        .wait_leader(&[0, 1, 2], Duration::from_secs(30))
-        .await;
+    let (cluster, http, leader) = with_metrics().await;
     let f = (leader + 1) % 3;
     let addr = cluster.nodes[f].addr.clone();
     let settings = proto::coordstore::NamespaceSettings {
@@ -648,4 +648,58 @@ async fn the_cli_says_why_a_barrier_waits() {
         r#"coordstore_namespace_tasks{namespace="stuck",state="error"}"#,
     );
     assert_eq!(errors, Some(1.0), "{text}");
+}
+
+/// A follower's client writes go to the leader in batches: 256 writes at
+/// once through a follower reach the leader as fewer `ProposeBatch` calls
+/// than writes (the follower's `coordstore_raft_forward_batch_proposals`
+/// histogram; the leader counts no single `NodePeer/Propose`), and every
+/// write is applied, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_concurrent_writes_reach_the_leader_in_batches() {
+    use journal::pb::coordination::KvInsert;
+    use prost::Message;
+
+    let (cluster, http, leader) = with_metrics().await;
+    let follower = (leader + 1) % 3;
+    let client = cluster.client(follower, Duration::from_secs(30)).await;
+    const WRITES: usize = 256;
+    let writes = (0..WRITES).map(|i| {
+        let mut c = client.clone();
+        async move {
+            let update = journal::Update::from(journal::pb::update::Command::from(KvInsert {
+                key: format!("batched/{i}"),
+                value: "v".into(),
+                allow_overwrite: false,
+            }));
+            let req = proto::coordstore::ProposeRequest {
+                update: update.encode_to_vec().into(),
+            };
+            c.propose(req).await.map(|r| r.into_inner())
+        }
+    });
+    for answer in futures_util::future::join_all(writes).await {
+        let answer = answer.expect("a write through the follower");
+        let outcome = journal::Outcome::decode(answer.outcome.as_ref()).unwrap();
+        assert!(outcome.error.is_none(), "{outcome:?}");
+    }
+    let t = wait_http(&http[follower], "/metrics", 200, Duration::from_secs(10));
+    let sent = sample(&t, "coordstore_raft_forward_batch_proposals_sum").unwrap();
+    let batches = sample(&t, "coordstore_raft_forward_batch_proposals_count").unwrap();
+    assert!(sent >= WRITES as f64, "{sent} proposals forwarded");
+    assert!(
+        batches >= 1.0 && batches < sent,
+        "{sent} in {batches} batches"
+    );
+    let t = wait_http(&http[leader], "/metrics", 200, Duration::from_secs(10));
+    let calls = |method: &str| {
+        sample(
+            &t,
+            &format!(r#"coordstore_grpc_calls_total{{code="Ok",method="/coordstore.v1.NodePeer/{method}"}}"#),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(calls("Propose"), 0.0, "{t}");
+    assert_eq!(calls("ProposeBatch"), batches, "{t}");
+    assert_eq!(sample(&t, "coordstore_kv_keys"), Some(WRITES as f64));
 }

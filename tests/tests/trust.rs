@@ -213,3 +213,105 @@ async fn peer_rpcs_need_the_clusters_token() {
     // Nothing of it reached the log: the replicas still agree.
     cluster.wait_converged(&[0, 1, 2], WAIT).await;
 }
+
+/// A `ProposeBatch` (a follower's forwarded proposals) is no door around
+/// `Propose`: each proposal in it is answered with what its own `NodePeer`
+/// `Propose`, carrying the same headers, gets: the leader runtime's
+/// commands refused, an undecodable update INVALID_ARGUMENT, a client
+/// command applied at the leader's time (and a node's bookkeeping as its
+/// `Propose` is on this port). A batch larger than the bound is refused
+/// whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_proposals_is_answered_as_each_proposal_alone() {
+    use proto::coordstore::node_peer_client::NodePeerClient;
+    use proto::coordstore::{ForwardedProposal, ProposeBatchRequest};
+
+    let cluster = Cluster::start(3, &["--tasks", "2"]);
+    let leader = cluster.wait_leader(&[0, 1, 2], WAIT).await;
+    let addr = &cluster.nodes[leader].addr;
+    let mut peer = NodePeerClient::new(coordstore_tests::wire::channel(addr).await);
+    let far_future = 4_000_000_000_000u64;
+    let commands = [
+        Command::from(BarrierExpire {
+            id: "b".into(),
+            counter: 0,
+        }),
+        Command::InitService(InitService::default()),
+        Command::from(TasksUnhealthy { tasks: vec![0, 1] }),
+        Command::from(journal::pb::rendezvous::Complete {
+            run: "r".into(),
+            round: 0,
+        }),
+        Command::from(journal::pb::torch::Forget {
+            connections: vec![1],
+        }),
+        Command::from(KvInsert {
+            key: "batched".into(),
+            value: "v".into(),
+            allow_overwrite: true,
+        }),
+    ];
+    let mut updates: Vec<bytes::Bytes> = commands
+        .iter()
+        .map(|c| update(c.clone(), far_future).encode_to_vec().into())
+        .collect();
+    updates.push(vec![0xFF; 8].into());
+    let proposals: Vec<ForwardedProposal> = updates
+        .iter()
+        .map(|u| ForwardedProposal {
+            update: u.clone(),
+            timeout_us: 30_000_000,
+            ..Default::default()
+        })
+        .collect();
+    let batch = |proposals| {
+        let mut r = tonic::Request::new(ProposeBatchRequest { proposals });
+        r.metadata_mut()
+            .insert("x-coordstore-forwarded", "1".parse().unwrap());
+        r
+    };
+    let answers = peer
+        .propose_batch(batch(proposals.clone()))
+        .await
+        .expect("the batch is answered")
+        .into_inner()
+        .answers;
+    assert_eq!(answers.len(), updates.len());
+    for (u, a) in updates.iter().zip(&answers) {
+        let mut alone = tonic::Request::new(ProposeRequest { update: u.clone() });
+        alone
+            .metadata_mut()
+            .insert("x-coordstore-forwarded", "1".parse().unwrap());
+        let code = |a: &proto::coordstore::ProposeAnswer| {
+            a.status
+                .iter()
+                .find(|h| h.name == "grpc-status")
+                .map(|h| String::from_utf8_lossy(&h.value).parse::<i32>().unwrap())
+        };
+        match peer.propose(alone).await {
+            Ok(_) => assert!(a.response.is_some(), "{a:?}"),
+            Err(e) => {
+                assert_ne!(e.code(), tonic::Code::Ok);
+                assert_eq!(code(a), Some(e.code() as i32), "{e:?} / {a:?}");
+            }
+        }
+    }
+    // The client command went through, at the leader's time; the leader
+    // runtime's and the undecodable one did not (alone and in the batch
+    // alike: their codes match above).
+    let s = journal_state(addr).await;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(s.clock_ms() <= now + 60_000, "{}", s.clock_ms());
+    assert!(s.coordination().kv_get("batched").is_some());
+    for (c, a) in commands[..4].iter().zip(&answers) {
+        assert!(a.response.is_none(), "{c:?} applied: {a:?}");
+    }
+    assert!(answers[6].response.is_none(), "{:?}", answers[6]);
+    let too_many = vec![proposals[5].clone(); 1025];
+    let e = peer.propose_batch(batch(too_many)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("at most 1024"), "{e:?}");
+}

@@ -24,7 +24,6 @@ use journal::Update;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounter};
 use prost::Message;
 use proto::coordstore::node_client::NodeClient;
-use proto::coordstore::ProposeRequest;
 use proto::origin::Lanes;
 use raft::{Applied, LeaderView, RaftNode};
 use tonic::transport::Channel;
@@ -33,11 +32,13 @@ use tonic::{Code, Status};
 use super::call::{Call, CallError, CallResult};
 use super::leader::{LocalLeader, Retry};
 
+mod batches;
 mod forwarding;
 mod reads;
 
+pub use batches::{answer as batch_answer, item_headers, MOST_PER_BATCH};
+use forwarding::node_client;
 pub use forwarding::{forward, Forwarding};
-use forwarding::{node_client, peer_call};
 use reads::ReadRounds;
 
 /// gRPC metadata key marking a call forwarded by another node; such a call
@@ -93,6 +94,8 @@ pub struct ProposalMetrics {
     pub proposals: IntCounter,
     /// Proposal → applied outcome, seconds.
     pub seconds: Histogram,
+    /// Proposals in each batch this node forwarded to its leader.
+    pub forward_batches: Histogram,
 }
 
 impl Default for ProposalMetrics {
@@ -113,6 +116,14 @@ impl Default for ProposalMetrics {
                 .buckets(buckets),
             )
             .expect("valid histogram"),
+            forward_batches: Histogram::with_opts(
+                HistogramOpts::new(
+                    "raft_forward_batch_proposals",
+                    "Proposals in each batch this node forwarded to its leader",
+                )
+                .buckets(exponential_buckets(1.0, 2.0, 11).expect("valid buckets")),
+            )
+            .expect("valid histogram"),
         }
     }
 }
@@ -123,6 +134,7 @@ pub struct Router {
     lanes: Lanes,
     forwards: tokio::sync::Semaphore,
     reads: Arc<ReadRounds>,
+    batches: Arc<batches::ProposeBatches>,
     leader_wait: Duration,
     attempt: Duration,
     max_message_bytes: usize,
@@ -139,6 +151,7 @@ impl Router {
             lanes: Lanes::new(),
             forwards: tokio::sync::Semaphore::new(FORWARDS_IN_FLIGHT),
             reads: Arc::default(),
+            batches: Arc::default(),
             leader_wait,
             attempt: Duration::from_millis(DEFAULT_FORWARD_ATTEMPT_MS),
             max_message_bytes,
@@ -461,13 +474,9 @@ impl Router {
                 },
                 |ch| {
                     // Encoded for a forward only: the leader proposes `u` itself.
-                    let req = ProposeRequest {
-                        update: u.encode_to_vec().into(),
-                    };
-                    let max = self.max_message_bytes;
+                    let update = bytes::Bytes::from(u.encode_to_vec());
                     async move {
-                        let reply =
-                            peer_call!(ch, max, propose, forward(call, req.clone()))?.into_inner();
+                        let reply = self.forward_proposal(ch, call, update).await?;
                         let outcome =
                             journal::Outcome::decode(reply.outcome.as_ref()).map_err(|e| {
                                 Status::internal(format!("bad outcome from leader: {e}"))

@@ -319,8 +319,11 @@ impl Metrics {
             registry,
         };
         let proposals = core.router().metrics().clone();
-        let core_metrics: Vec<Box<dyn prometheus::core::Collector>> =
-            vec![Box::new(proposals.proposals), Box::new(proposals.seconds)];
+        let core_metrics: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(proposals.proposals),
+            Box::new(proposals.seconds),
+            Box::new(proposals.forward_batches),
+        ];
         for c in core_metrics
             .into_iter()
             .chain(storage::metrics::collectors())

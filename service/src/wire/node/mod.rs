@@ -260,6 +260,7 @@ delegate! { Node, NodeApi =>
 // The peer calls, on the peer port.
 delegate! { NodePeer, PeerApi =>
     propose(ProposeRequest) -> ProposeResponse;
+    propose_batch(ProposeBatchRequest) -> ProposeBatchResponse;
     read_index(ReadIndexRequest) -> ReadIndexResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
     store_facts(StoreFactsRequest) -> StoreFactsResponse;
