@@ -1,16 +1,19 @@
 //! A follower's forwarded proposals, batched: each client write that
-//! arrives on a follower is proposed by the leader, and one `ProposeBatch`
-//! call carries every proposal waiting when it goes out. At most
-//! [`BATCHES_IN_FLIGHT`] batches are out at once; proposals that arrive
-//! while they are wait for the next, so a lone write goes at once (a batch
-//! of one) and a thousand concurrent ones take a few calls, not a thousand
-//! HTTP/2 streams, each with its headers, its task on the leader and its
-//! wake-ups. Each proposal in a batch is admitted, proposed and answered on
-//! the leader exactly as its own `Propose` would be: its origin, namespace
-//! and deadline travel with it ([`item_headers`]), and its answer or gRPC
-//! status comes back in order. A leader of a build before batches answers
-//! UNIMPLEMENTED; the batch then goes as one `Propose` per proposal, and
-//! the follower sends single proposals for a while ([`UNBATCHED_FOR`]).
+//! arrives on a follower is proposed by the leader. At most
+//! [`CALLS_IN_FLIGHT`] calls to the leader are out at once: a proposal
+//! that finds a call slot free and none waiting goes at once as the
+//! single `Propose` it stands for (a lone write pays what it did before
+//! batching), and proposals that arrive while every slot is taken wait,
+//! and one `ProposeBatch` call carries every proposal waiting when it goes
+//! out. A thousand concurrent writes therefore take a few calls, not a
+//! thousand HTTP/2 streams, each with its headers, its task on the leader
+//! and its wake-ups. Each proposal in a batch is admitted, proposed and
+//! answered on the leader exactly as its own `Propose` would be: its
+//! origin, namespace and deadline travel with it ([`item_headers`]), and
+//! its answer or gRPC status comes back in order. A leader of a build
+//! before batches answers UNIMPLEMENTED; the batch then goes as one
+//! `Propose` per proposal, and the follower sends single proposals for a
+//! while ([`UNBATCHED_FOR`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,8 +33,8 @@ use super::forwarding::{forwarded, peer_call};
 use super::Router;
 use crate::core::call::{wire_origin, Call, ORIGIN_HEADER};
 
-/// Batches out at once from one follower.
-pub const BATCHES_IN_FLIGHT: usize = 4;
+/// Calls out at once from one follower (a proposal sent alone, or a batch).
+pub const CALLS_IN_FLIGHT: usize = 4;
 
 /// Most proposals in one batch (the leader refuses more).
 pub const MOST_PER_BATCH: usize = 1024;
@@ -51,7 +54,8 @@ pub(super) struct ProposeBatches {
 
 #[derive(Default)]
 struct Queue {
-    /// Batches out (each sender sends the next batch when its own returns).
+    /// Calls out: proposals sent alone and senders (each sends the next
+    /// batch when its own returns).
     out: usize,
     /// The leader as the newest waiting proposal found it.
     leader: Option<(Channel, LeaderView)>,
@@ -132,17 +136,47 @@ impl Router {
         let view = self.node().leader_view();
         let start = {
             let mut q = self.batches.lock();
-            q.waiting.push((item, tx));
-            q.leader = Some((ch, view));
-            let start = q.out < BATCHES_IN_FLIGHT;
-            q.out += usize::from(start);
-            start
+            let free = q.out < CALLS_IN_FLIGHT;
+            q.out += usize::from(free);
+            if free && q.waiting.is_empty() {
+                None
+            } else {
+                q.waiting.push((item.clone(), tx));
+                q.leader = Some((ch.clone(), view));
+                Some(free)
+            }
         };
-        if start {
-            tokio::spawn(sender.run());
+        match start {
+            // A call slot free and nothing waiting: this proposal goes at
+            // once, alone, as the single Propose it stands for.
+            None => {
+                let _slot = Slot(sender.clone());
+                return sender.propose_one(ch, item).await;
+            }
+            Some(true) => {
+                tokio::spawn(sender.run());
+            }
+            Some(false) => {}
         }
         rx.await
             .map_err(|_| Status::unavailable("the batch to the leader stopped"))?
+    }
+}
+
+/// A call slot taken by a proposal sent alone: given back when the call
+/// ends (or its caller stops waiting), and handed to a new sender if
+/// proposals wait meanwhile.
+struct Slot(Sender);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut q = self.0.batches.lock();
+        if q.waiting.is_empty() {
+            q.out -= 1;
+        } else {
+            drop(q);
+            tokio::spawn(self.0.clone().run());
+        }
     }
 }
 
