@@ -118,8 +118,9 @@ struct Sender {
 }
 
 impl Router {
-    /// Proposal `update` of `call` forwarded to the leader at `ch` in the
-    /// next batch (see [`ProposeBatches`]).
+    /// Proposal `update` of `call` forwarded to the leader at `ch`: alone
+    /// when a call slot is free and none waits, else in the next batch
+    /// (see the module).
     pub(super) async fn forward_proposal(&self, ch: Channel, call: &Call, update: Bytes) -> Answer {
         let item = proposal(call, update);
         let sender = Sender {
